@@ -1,0 +1,299 @@
+//! The shared, partial context-policy spec used by ContextPolicy, ClusterContextPolicy and Agent overrides.
+//!
+//! Every field is optional so that partial policies merge layer by layer; the built-in defaults
+//! (see [`crate::effective::EffectivePolicy::default`]) fill whatever no layer sets.
+
+use kube::KubeSchema;
+use serde::{Deserialize, Serialize};
+
+/// A partial context policy. Unset fields inherit from the layer below.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, KubeSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct PolicySpec {
+    /// Context budget: thresholds and reservations (seed 000's budget formula).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub budget: Option<BudgetSpec>,
+    /// How large tool results are spilled off-window and elided as they age.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tool_results: Option<ToolResultsSpec>,
+    /// Retention classes and time-to-live for journal entries.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub retention: Option<RetentionSpec>,
+    /// When and how history is compacted.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub compaction: Option<CompactionSpec>,
+    /// Provider prompt-cache and response-cache behaviour.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cache: Option<CacheSpec>,
+    /// Credential redaction before entries are persisted.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub redaction: Option<RedactionSpec>,
+    /// How often the gateway reports context status to the Agent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reporting: Option<ReportingSpec>,
+}
+
+/// Budget thresholds (percent of the context window) and token reservations.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, KubeSchema)]
+#[serde(rename_all = "camelCase")]
+#[x_kube(
+    validation = Rule::new("!has(self.warningPercent) || !has(self.highRiskPercent) || self.warningPercent < self.highRiskPercent")
+        .message("budget.warningPercent must be lower than budget.highRiskPercent (defaults 80 < 90): lower warningPercent or raise highRiskPercent"),
+    validation = Rule::new("!has(self.highRiskPercent) || !has(self.criticalPercent) || self.highRiskPercent < self.criticalPercent")
+        .message("budget.highRiskPercent must be lower than budget.criticalPercent (defaults 90 < 95): lower highRiskPercent or raise criticalPercent"),
+    validation = Rule::new("!has(self.warningPercent) || !has(self.criticalPercent) || self.warningPercent < self.criticalPercent")
+        .message("budget.warningPercent must be lower than budget.criticalPercent (defaults 80 < 95): lower warningPercent or raise criticalPercent"),
+)]
+pub struct BudgetSpec {
+    /// Context use (percent) at which Tier 3 warns the model. Default 80.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = 100))]
+    pub warning_percent: Option<u8>,
+    /// Context use (percent) at which estimates become conservative. Default 90.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = 100))]
+    pub high_risk_percent: Option<u8>,
+    /// Context use (percent) at which high-volume operations are blocked. Default 95.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = 100))]
+    pub critical_percent: Option<u8>,
+    /// Tokens kept free for the model's answer. Default 8192.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 0, max = 10_000_000))]
+    pub reserved_completion_tokens: Option<u32>,
+    /// Tokens kept free for request framing the tokenizer does not see. Default 512.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 0, max = 10_000_000))]
+    pub protocol_overhead_tokens: Option<u32>,
+    /// Extra tokens kept free against estimation error. Default 2048.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 0, max = 10_000_000))]
+    pub safety_margin_tokens: Option<u32>,
+}
+
+/// Spill and elision of tool results (seed 002 #5 and #6).
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, KubeSchema)]
+#[serde(rename_all = "camelCase")]
+#[x_kube(
+    validation = Rule::new("!has(self.previewChars) || !has(self.maxResultChars) || self.previewChars <= self.maxResultChars")
+        .message("toolResults.previewChars must not exceed toolResults.maxResultChars: a preview is a part of the spilled result"),
+    validation = Rule::new("!has(self.elideKeepChars) || !has(self.elideOverChars) || self.elideKeepChars < self.elideOverChars")
+        .message("toolResults.elideKeepChars must be lower than toolResults.elideOverChars, or elision would not shorten anything"),
+)]
+pub struct ToolResultsSpec {
+    /// Results longer than this many characters are spilled to the artifact store. Default 8000.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 256, max = 10_000_000))]
+    pub max_result_chars: Option<u32>,
+    /// At most this many characters of a spilled result stay in the window. Default 4000.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 0, max = 10_000_000))]
+    pub preview_chars: Option<u32>,
+    /// At most this many head lines of a spilled result stay in the window. Default 60.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 0, max = 100_000))]
+    pub preview_lines: Option<u32>,
+    /// Results older than this many rounds become candidates for elision. Default 4.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = 10_000))]
+    pub elide_after_rounds: Option<u32>,
+    /// Only results longer than this many characters are elided. Default 2000.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 0, max = 10_000_000))]
+    pub elide_over_chars: Option<u32>,
+    /// An elided result keeps this many head characters plus a reference. Default 800.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 0, max = 10_000_000))]
+    pub elide_keep_chars: Option<u32>,
+}
+
+/// How long entries of each class stay in the window.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, KubeSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct RetentionSpec {
+    /// Classification rules, merged across layers by name: a lower layer's rule with the same name
+    /// replaces the higher one, and new names are added. The first matching rule classifies an entry.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 64))]
+    pub rules: Option<Vec<RetentionRule>>,
+}
+
+/// Retention class of a journal entry.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize, schemars::JsonSchema)]
+pub enum RetentionClass {
+    /// Never dropped by compaction; must survive every generation.
+    Critical,
+    /// Ordinary working history.
+    Working,
+    /// Reference material: may be spilled or elided, stays reopenable.
+    Reference,
+    /// Heartbeats and status pings: expire after their TTL.
+    Ephemeral,
+}
+
+/// One classification rule.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, KubeSchema)]
+#[serde(rename_all = "camelCase")]
+#[x_kube(validation = Rule::new("self.class != 'Ephemeral' || has(self.ttlSeconds)")
+    .message("an Ephemeral retention rule needs ttlSeconds: say how long such entries stay in the window"))]
+pub struct RetentionRule {
+    /// Unique name of the rule; layers merge rules by name.
+    #[schemars(length(min = 1, max = 63), regex(pattern = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"))]
+    pub name: String,
+    /// The class given to matching entries.
+    pub class: RetentionClass,
+    /// Which entries the rule matches; all given criteria must hold.
+    #[serde(rename = "match")]
+    pub matcher: RetentionMatch,
+    /// Entries of this rule leave the window after this many seconds.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = 31_536_000))]
+    pub ttl_seconds: Option<u32>,
+}
+
+/// Criteria of a retention rule.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, KubeSchema)]
+#[serde(rename_all = "camelCase")]
+#[x_kube(validation = Rule::new("has(self.roles) || has(self.toolNames) || has(self.contentRegex)")
+    .message("a retention rule's match needs at least one of roles, toolNames or contentRegex; an empty match would classify every entry"))]
+pub struct RetentionMatch {
+    /// Message roles the rule applies to.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 4))]
+    pub roles: Option<Vec<MessageRole>>,
+    /// Tool names whose calls and results the rule applies to.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 64))]
+    pub tool_names: Option<Vec<String>>,
+    /// RE2-style regular expression the entry's text must match.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 1024))]
+    pub content_regex: Option<String>,
+}
+
+/// Message role, as the providers name it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize, schemars::JsonSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum MessageRole {
+    /// System instructions.
+    System,
+    /// The user or the agent's driver.
+    User,
+    /// The model.
+    Assistant,
+    /// A tool result.
+    Tool,
+}
+
+/// When and how history is compacted.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, KubeSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct CompactionSpec {
+    /// Create a Budget CompactionJob when context use reaches triggerPercent. Default true.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub automatic: Option<bool>,
+    /// Context use (percent) that triggers automatic compaction. Default 85.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = 100))]
+    pub trigger_percent: Option<u8>,
+    /// Most recent entries kept verbatim after a compaction. Default 8.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 0, max = 10_000))]
+    pub keep_recent_entries: Option<u32>,
+    /// Older journal generations kept for rollback. Default 3.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = 100))]
+    pub retain_generations: Option<u32>,
+    /// The model that writes summaries; without one, the extractive summariser is used.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub summarizer: Option<SummarizerSpec>,
+    /// CompactedState fields that must be non-empty whenever the source has signals for them.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 16))]
+    pub required_fields: Option<Vec<CompactedStateField>>,
+}
+
+/// The summariser model.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, KubeSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct SummarizerSpec {
+    /// Model name at the Agent's provider, e.g. gpt-4.1-mini. Empty means extractive.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 253))]
+    pub model: Option<String>,
+    /// Upper bound on the summary's length. Default 4096.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 256, max = 200_000))]
+    pub max_summary_tokens: Option<u32>,
+}
+
+/// A field of the CompactedState that a policy can require.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize, schemars::JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub enum CompactedStateField {
+    /// The active objective.
+    ActiveObjective,
+    /// The current request.
+    CurrentRequest,
+    /// Hard constraints.
+    HardConstraints,
+    /// Confirmed decisions.
+    Decisions,
+    /// Open questions.
+    OpenQuestions,
+    /// Tool state: pending actions, approvals, side effects.
+    ToolState,
+    /// Evidence references.
+    EvidenceRefs,
+    /// Privacy scope.
+    PrivacyScope,
+}
+
+/// Cache behaviour.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, KubeSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct CacheSpec {
+    /// Identical tool-less requests are answered from a response cache for this long; 0 disables it. Default 0.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 0, max = 86_400))]
+    pub response_cache_ttl_seconds: Option<u32>,
+    /// Where cache breakpoints go: Auto (the compiler places them) or None. Default Auto.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub breakpoints: Option<BreakpointMode>,
+    /// A purge or elision must save at least this fraction of the prompt to be worth a cache rewrite. Default 0.1.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 0.0, max = 1.0))]
+    pub purge_min_savings_ratio: Option<f64>,
+}
+
+/// Cache breakpoint placement.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
+pub enum BreakpointMode {
+    /// The compiler places breakpoints at tier boundaries.
+    Auto,
+    /// No breakpoints are sent.
+    None,
+}
+
+/// Redaction of credentials before persistence.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, KubeSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct RedactionSpec {
+    /// Redact known credential shapes (AWS keys, PEM keys, bearer tokens, API keys). Default true.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub enabled: Option<bool>,
+    /// Extra regular expressions whose matches are redacted.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 64))]
+    pub extra_patterns: Option<Vec<String>>,
+}
+
+/// Status reporting.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, KubeSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ReportingSpec {
+    /// Minimum seconds between status reports (a level change reports at once). Default 30.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 5, max = 3600))]
+    pub interval_seconds: Option<u32>,
+}
