@@ -1,4 +1,6 @@
 //! The Agent kind: one always-on LLM agent, run as a StatefulSet with a journal volume and the gateway sidecar.
+// Each `printcolumn(...)` repeats `type_ = ...`; clippy mistakes that for a duplicated attribute.
+#![allow(clippy::duplicated_attributes)]
 
 use std::collections::BTreeMap;
 
@@ -17,6 +19,7 @@ use crate::refs::{LocalKeyRef, LocalRef};
     group = "strata.dev",
     version = "v1alpha1",
     kind = "Agent",
+    doc = "An always-on LLM agent: a StatefulSet with a journal volume and the Strata context gateway sidecar.",
     namespaced,
     status = "AgentStatus",
     shortname = "agt",
@@ -24,9 +27,19 @@ use crate::refs::{LocalKeyRef, LocalRef};
     cel,
     printcolumn(name = "Model", type_ = "string", json_path = ".spec.model.name"),
     printcolumn(name = "Phase", type_ = "string", json_path = ".status.phase"),
-    printcolumn(name = "Context", type_ = "integer", json_path = ".status.context.percent", description = "Percent of the context window in use"),
+    printcolumn(
+        name = "Context",
+        type_ = "integer",
+        json_path = ".status.context.percent",
+        description = "Percent of the context window in use"
+    ),
     printcolumn(name = "Level", type_ = "string", json_path = ".status.context.level"),
-    printcolumn(name = "Generation", type_ = "integer", json_path = ".status.journal.generation", priority = 1),
+    printcolumn(
+        name = "Generation",
+        type_ = "integer",
+        json_path = ".status.journal.generation",
+        priority = 1
+    ),
     printcolumn(name = "Age", type_ = "date", json_path = ".metadata.creationTimestamp")
 )]
 #[serde(rename_all = "camelCase")]

@@ -1,4 +1,6 @@
 //! The ClusterContextPolicy kind: fleet-wide context rules with platform locks and bounds.
+// Each `printcolumn(...)` repeats `type_ = ...`; clippy mistakes that for a duplicated attribute.
+#![allow(clippy::duplicated_attributes)]
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 use kube::{CustomResource, KubeSchema};
@@ -14,6 +16,7 @@ use crate::policy::PolicySpec;
     group = "strata.dev",
     version = "v1alpha1",
     kind = "ClusterContextPolicy",
+    doc = "Fleet-wide context rules for selected namespaces, with platform locks and bounds tenants cannot loosen.",
     status = "PolicyStatus",
     shortname = "cctxp",
     category = "strata",

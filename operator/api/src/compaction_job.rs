@@ -1,4 +1,6 @@
 //! The CompactionJob kind: compact, purge or roll back one agent's history, run as a Job against its volume.
+// Each `printcolumn(...)` repeats `type_ = ...`; clippy mistakes that for a duplicated attribute.
+#![allow(clippy::duplicated_attributes)]
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use kube::{CustomResource, KubeSchema};
@@ -12,6 +14,7 @@ use crate::refs::LocalRef;
     group = "strata.dev",
     version = "v1alpha1",
     kind = "CompactionJob",
+    doc = "Compact, purge or roll back one agent's journal, run as a Job against its volume.",
     namespaced,
     status = "CompactionJobStatus",
     shortname = "cmpj",

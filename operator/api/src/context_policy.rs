@@ -1,4 +1,6 @@
 //! The ContextPolicy kind: a tenant's context rules for the agents in its namespace.
+// Each `printcolumn(...)` repeats `type_ = ...`; clippy mistakes that for a duplicated attribute.
+#![allow(clippy::duplicated_attributes)]
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 use kube::{CustomResource, KubeSchema};
@@ -12,6 +14,7 @@ use crate::policy::PolicySpec;
     group = "strata.dev",
     version = "v1alpha1",
     kind = "ContextPolicy",
+    doc = "A namespace's context rules for its agents: budget, tool-result spill and elision, retention, compaction, caching.",
     namespaced,
     status = "PolicyStatus",
     shortname = "ctxp",

@@ -469,7 +469,8 @@ impl MergeState {
             provenance.insert(field.path().to_string(), Source::builtin());
             values.insert(*field, value);
         }
-        let mut state = MergeState { values, provenance, sources: vec![Source::builtin()], clamps: Vec::new() };
+        let mut state =
+            MergeState { values, provenance, sources: vec![Source::builtin()], clamps: Vec::new() };
         state.record_rule_provenance(&Source::builtin());
         Ok(state)
     }
@@ -524,11 +525,14 @@ impl MergeState {
                         by: locker.to_string(),
                     });
                     self.values.insert(*field, locked);
-                    let origin = platform_provenance.get(field.path()).cloned().unwrap_or_else(|| locker.clone());
+                    let origin =
+                        platform_provenance.get(field.path()).cloned().unwrap_or_else(|| locker.clone());
                     self.provenance.insert(field.path().into(), origin);
                     if *field == PolicyField::RetentionRules {
                         self.provenance.retain(|k, _| !k.starts_with("retention.rules["));
-                        for (k, v) in platform_provenance.iter().filter(|(k, _)| k.starts_with("retention.rules[")) {
+                        for (k, v) in
+                            platform_provenance.iter().filter(|(k, _)| k.starts_with("retention.rules["))
+                        {
                             self.provenance.insert(k.clone(), v.clone());
                         }
                     }
@@ -586,6 +590,25 @@ impl MergeState {
     /// elideKeepChars < elideOverChars, by lowering the lower value.
     fn repair_ordering(&mut self, bounds: &BTreeMap<NumericField, Bound>, warnings: &mut Vec<String>) {
         use NumericField as F;
+        // Floors that leave room for three distinct thresholds; only a platform bound can go below them.
+        for (field, floor) in [(F::WarningPercent, 1.0), (F::HighRiskPercent, 2.0), (F::CriticalPercent, 3.0)]
+        {
+            if let Some(value) = self.number(field)
+                && value < floor
+            {
+                let by = self.provenance.get(field.path()).cloned().unwrap_or_else(Source::builtin);
+                self.set_number(field, floor, ClampReason::Ordering, &by);
+                warnings.push(format!(
+                    "{field} was raised to {floor}: three ordered thresholds need at least 1 < 2 < 3"
+                ));
+            }
+        }
+        if let Some(critical) = self.number(F::CriticalPercent)
+            && critical > 100.0
+        {
+            let by = self.provenance.get(F::CriticalPercent.path()).cloned().unwrap_or_else(Source::builtin);
+            self.set_number(F::CriticalPercent, 100.0, ClampReason::Ordering, &by);
+        }
         let pairs = [
             (F::HighRiskPercent, F::CriticalPercent, 1.0),
             (F::WarningPercent, F::HighRiskPercent, 1.0),
@@ -597,11 +620,7 @@ impl MergeState {
             if low + gap <= high {
                 continue;
             }
-            let by = self
-                .provenance
-                .get(upper.path())
-                .cloned()
-                .unwrap_or_else(Source::builtin);
+            let by = self.provenance.get(upper.path()).cloned().unwrap_or_else(Source::builtin);
             let repaired = (high - gap).max(0.0);
             self.set_number(lower, repaired, ClampReason::Ordering, &by);
             if let Some((min, _)) = bounds.get(&lower).and_then(|b| b.min.as_ref())
@@ -629,7 +648,11 @@ impl MergeState {
 }
 
 fn invalid(field: &str, source: &Source, error: serde_json::Error) -> PolicyError {
-    PolicyError::InvalidValue { field: field.into(), source_object: source.to_string(), message: error.to_string() }
+    PolicyError::InvalidValue {
+        field: field.into(),
+        source_object: source.to_string(),
+        message: error.to_string(),
+    }
 }
 
 fn lookup<'v>(root: &'v Value, path: &str) -> Option<&'v Value> {

@@ -110,10 +110,7 @@ mod tests {
     #[test]
     fn every_numeric_field_is_a_policy_field() {
         for field in NumericField::ALL {
-            assert_eq!(
-                PolicyField::from_path(field.path()).map(PolicyField::path),
-                Some(field.path())
-            );
+            assert_eq!(PolicyField::from_path(field.path()).map(PolicyField::path), Some(field.path()));
         }
     }
 

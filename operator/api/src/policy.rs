@@ -47,15 +47,15 @@ pub struct PolicySpec {
 pub struct BudgetSpec {
     /// Context use (percent) at which Tier 3 warns the model. Default 80.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(range(min = 1, max = 100))]
+    #[schemars(range(min = 1, max = 98))]
     pub warning_percent: Option<u8>,
     /// Context use (percent) at which estimates become conservative. Default 90.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(range(min = 1, max = 100))]
+    #[schemars(range(min = 2, max = 99))]
     pub high_risk_percent: Option<u8>,
     /// Context use (percent) at which high-volume operations are blocked. Default 95.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(range(min = 1, max = 100))]
+    #[schemars(range(min = 3, max = 100))]
     pub critical_percent: Option<u8>,
     /// Tokens kept free for the model's answer. Default 8192.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -119,7 +119,9 @@ pub struct RetentionSpec {
 }
 
 /// Retention class of a journal entry.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize, schemars::JsonSchema)]
+#[derive(
+    Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize, schemars::JsonSchema,
+)]
 pub enum RetentionClass {
     /// Never dropped by compaction; must survive every generation.
     Critical,
@@ -172,7 +174,9 @@ pub struct RetentionMatch {
 }
 
 /// Message role, as the providers name it.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize, schemars::JsonSchema)]
+#[derive(
+    Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize, schemars::JsonSchema,
+)]
 #[serde(rename_all = "lowercase")]
 pub enum MessageRole {
     /// System instructions.
@@ -228,7 +232,9 @@ pub struct SummarizerSpec {
 }
 
 /// A field of the CompactedState that a policy can require.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize, schemars::JsonSchema)]
+#[derive(
+    Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize, schemars::JsonSchema,
+)]
 #[serde(rename_all = "camelCase")]
 pub enum CompactedStateField {
     /// The active objective.

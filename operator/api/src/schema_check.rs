@@ -18,7 +18,11 @@ pub struct Violation {
 
 impl std::fmt::Display for Violation {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        if self.path.is_empty() { f.write_str(&self.message) } else { write!(f, "{}: {}", self.path, self.message) }
+        if self.path.is_empty() {
+            f.write_str(&self.message)
+        } else {
+            write!(f, "{}: {}", self.path, self.message)
+        }
     }
 }
 
@@ -64,7 +68,9 @@ pub fn validate_against(
         return Err(violations);
     }
     if let Err(errors) = Validator::new().validate(&schema, object, old) {
-        violations.extend(errors.into_vec().into_iter().map(|e| Violation { path: e.field_path, message: e.message }));
+        violations.extend(
+            errors.into_vec().into_iter().map(|e| Violation { path: e.field_path, message: e.message }),
+        );
     }
     if violations.is_empty() { Ok(()) } else { Err(violations) }
 }
@@ -91,7 +97,8 @@ fn check_node(schema: &Value, value: &Value, path: &str, root: bool, violations:
         }
         return;
     }
-    let preserve_unknown = schema.get("x-kubernetes-preserve-unknown-fields").and_then(Value::as_bool) == Some(true);
+    let preserve_unknown =
+        schema.get("x-kubernetes-preserve-unknown-fields").and_then(Value::as_bool) == Some(true);
     let expected = schema.get("type").and_then(Value::as_str);
     if let Some(expected) = expected
         && !type_matches(expected, value)
@@ -153,7 +160,13 @@ fn check_metadata(metadata: &Value, path: &str, violations: &mut Vec<Violation>)
     };
     match map.get("name").and_then(Value::as_str) {
         Some(name) if is_dns_subdomain(name) => {}
-        Some(name) => push(violations, &join(path, "name"), format!("{name:?} is not a valid DNS-1123 subdomain: use lower-case letters, digits, '-' and '.'")),
+        Some(name) => push(
+            violations,
+            &join(path, "name"),
+            format!(
+                "{name:?} is not a valid DNS-1123 subdomain: use lower-case letters, digits, '-' and '.'"
+            ),
+        ),
         None if map.contains_key("generateName") => {}
         None => push(violations, &join(path, "name"), "is required".into()),
     }

@@ -9,7 +9,10 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 pub struct SelectorError(pub String);
 
 /// Whether `labels` satisfy `selector`. An empty selector matches everything.
-pub fn selector_matches(selector: &LabelSelector, labels: &BTreeMap<String, String>) -> Result<bool, SelectorError> {
+pub fn selector_matches(
+    selector: &LabelSelector,
+    labels: &BTreeMap<String, String>,
+) -> Result<bool, SelectorError> {
     for (key, value) in selector.match_labels.iter().flatten() {
         if labels.get(key) != Some(value) {
             return Ok(false);

@@ -17,7 +17,10 @@ fn yaml_files(dir: &Path) -> Vec<PathBuf> {
     let mut files: Vec<PathBuf> = fs::read_dir(dir)
         .unwrap()
         .map(|e| e.unwrap().path())
-        .filter(|p| p.extension().is_some_and(|e| e == "yaml") && p.file_name().is_some_and(|n| n != "kustomization.yaml"))
+        .filter(|p| {
+            p.extension().is_some_and(|e| e == "yaml")
+                && p.file_name().is_some_and(|n| n != "kustomization.yaml")
+        })
         .collect();
     files.sort();
     files
@@ -79,11 +82,10 @@ fn invalid_cases() -> Vec<InvalidCase> {
         .map(|path| {
             let text = fs::read_to_string(&path).unwrap();
             let header = |key: &str| {
-                text.lines()
-                    .find_map(|l| l.strip_prefix(&format!("# {key}: ")))
-                    .map(|s| s.trim().to_string())
+                text.lines().find_map(|l| l.strip_prefix(&format!("# {key}: "))).map(|s| s.trim().to_string())
             };
-            let expect = header("expect").unwrap_or_else(|| panic!("{} has no '# expect:' line", path.display()));
+            let expect =
+                header("expect").unwrap_or_else(|| panic!("{} has no '# expect:' line", path.display()));
             let update_of = header("update-of").map(|rel| dir.join(rel));
             let doc = documents(&path).into_iter().next().unwrap();
             InvalidCase { path, expect, update_of, doc }
@@ -109,7 +111,12 @@ fn every_invalid_manifest_is_rejected_with_its_own_message() {
             case.expect,
             rendered.join("\n  ")
         );
-        assert_eq!(rendered.len(), 1, "{}: exactly one problem expected, got {rendered:?}", case.path.display());
+        assert_eq!(
+            rendered.len(),
+            1,
+            "{}: exactly one problem expected, got {rendered:?}",
+            case.path.display()
+        );
     }
 }
 

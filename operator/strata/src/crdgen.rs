@@ -24,8 +24,9 @@ pub fn render() -> anyhow::Result<Vec<(String, String)>> {
     let mut resources = Vec::with_capacity(crds.len());
     for crd in &crds {
         let name = file_name(crd);
-        let yaml = serde_saphyr::to_string(crd)
-            .with_context(|| format!("serializing CRD {} to YAML", crd.metadata.name.as_deref().unwrap_or("?")))?;
+        let yaml = serde_saphyr::to_string(crd).with_context(|| {
+            format!("serializing CRD {} to YAML", crd.metadata.name.as_deref().unwrap_or("?"))
+        })?;
         files.push((name.clone(), format!("{HEADER}{yaml}")));
         resources.push(name);
     }

@@ -1,0 +1,118 @@
+//! Helpers for Strata's real-cluster tests: a client from STRATA_E2E_KUBECONFIG, throwaway
+//! namespaces, CRD installation and sample loading.
+//!
+//! The tests in `tests/` are ignored unless STRATA_E2E_KUBECONFIG is set when they are built.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::Namespace;
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use kube::api::{DeleteParams, Patch, PatchParams, PostParams};
+use kube::config::{KubeConfigOptions, Kubeconfig};
+use kube::runtime::wait::{await_condition, conditions};
+use kube::{Api, Client, Config};
+use serde_json::Value;
+
+/// Field manager the tests apply with.
+pub const FIELD_MANAGER: &str = "strata.dev/e2e";
+
+/// What can go wrong while preparing a cluster test.
+#[derive(Debug, thiserror::Error)]
+pub enum E2eError {
+    /// STRATA_E2E_KUBECONFIG is not set.
+    #[error("STRATA_E2E_KUBECONFIG is not set: point it at a kubeconfig for a disposable test cluster")]
+    NoKubeconfig,
+    /// The kubeconfig could not be read or used.
+    #[error("kubeconfig {path}: {source}")]
+    Kubeconfig {
+        /// Its path.
+        path: PathBuf,
+        /// Why.
+        source: kube::config::KubeconfigError,
+    },
+    /// The client could not be built.
+    #[error("building a client: {0}")]
+    Client(#[from] kube::Error),
+    /// Waiting for a condition timed out.
+    #[error("timed out after {0:?} waiting for {1}")]
+    Timeout(Duration, String),
+    /// A sample file could not be read.
+    #[error("sample {path}: {message}")]
+    Sample {
+        /// Its path.
+        path: PathBuf,
+        /// Why.
+        message: String,
+    },
+}
+
+/// A client for the cluster named by STRATA_E2E_KUBECONFIG.
+pub async fn client() -> Result<Client, E2eError> {
+    let path = PathBuf::from(std::env::var_os("STRATA_E2E_KUBECONFIG").ok_or(E2eError::NoKubeconfig)?);
+    let kubeconfig =
+        Kubeconfig::read_from(&path).map_err(|source| E2eError::Kubeconfig { path: path.clone(), source })?;
+    let config = Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default())
+        .await
+        .map_err(|source| E2eError::Kubeconfig { path, source })?;
+    Ok(Client::try_from(config)?)
+}
+
+/// Server-side apply every Strata CRD and wait until each is Established.
+pub async fn install_crds(client: &Client) -> Result<(), E2eError> {
+    let api: Api<CustomResourceDefinition> = Api::all(client.clone());
+    let params = PatchParams::apply(FIELD_MANAGER).force();
+    for crd in strata_api::crds::all() {
+        let name = crd.metadata.name.clone().unwrap_or_default();
+        api.patch(&name, &params, &Patch::Apply(&crd)).await?;
+        let established = await_condition(api.clone(), &name, conditions::is_crd_established());
+        tokio::time::timeout(Duration::from_secs(30), established)
+            .await
+            .map_err(|_| E2eError::Timeout(Duration::from_secs(30), format!("CRD {name} to be Established")))?
+            .map_err(|e| E2eError::Timeout(Duration::from_secs(30), format!("CRD {name}: {e}")))?;
+    }
+    Ok(())
+}
+
+/// A namespace created for one test; call [`TempNamespace::delete`] at the end.
+pub struct TempNamespace {
+    /// Its name.
+    pub name: String,
+    client: Client,
+}
+
+impl TempNamespace {
+    /// Create `strata-e2e-<prefix>-<random suffix>` with the given labels.
+    pub async fn create(client: &Client, prefix: &str, labels: &[(&str, &str)]) -> Result<Self, E2eError> {
+        let suffix = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_nanos() % 1_000_000_000)
+            .unwrap_or_default();
+        let name = format!("strata-e2e-{prefix}-{suffix}");
+        let mut namespace = Namespace::default();
+        namespace.metadata.name = Some(name.clone());
+        namespace.metadata.labels =
+            Some(labels.iter().map(|(k, v)| ((*k).to_string(), (*v).to_string())).collect());
+        Api::<Namespace>::all(client.clone()).create(&PostParams::default(), &namespace).await?;
+        Ok(TempNamespace { name, client: client.clone() })
+    }
+
+    /// Delete the namespace (and everything in it).
+    pub async fn delete(self) -> Result<(), E2eError> {
+        Api::<Namespace>::all(self.client).delete(&self.name, &DeleteParams::background()).await?;
+        Ok(())
+    }
+}
+
+/// The repository's `config/samples` directory.
+pub fn samples_dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../config/samples")
+}
+
+/// Every YAML document in a sample file, as JSON.
+pub fn load_documents(path: &Path) -> Result<Vec<Value>, E2eError> {
+    let text = std::fs::read_to_string(path)
+        .map_err(|e| E2eError::Sample { path: path.to_path_buf(), message: e.to_string() })?;
+    serde_saphyr::from_str_multiple::<Value, Vec<Value>>(&text)
+        .map_err(|e| E2eError::Sample { path: path.to_path_buf(), message: e.to_string() })
+}
