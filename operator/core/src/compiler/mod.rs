@@ -1,0 +1,343 @@
+//! The context compiler: Tier 1 (stable prefix), Tier 2 (journal entries with visible IDs) and
+//! Tier 3 (telemetry) into the model-visible packet, incrementally.
+//!
+//! The compiler keeps the rendered Tier 2 between requests. A request whose journal only grew
+//! renders just the new entries, so the work per request grows with the new entries, not with the
+//! history. A generation switch (compaction, purge, rollback) rebuilds once. Planned rewrites of
+//! existing entries (elision, expiry, deduplication) arrive as batches of [`Treatment`]s; the
+//! compiler applies them and counts only the changed entries again.
+
+mod render;
+
+use std::collections::{BTreeMap, HashMap};
+
+use serde::Serialize;
+
+pub use render::{id_tag, render_entry};
+
+use crate::budget::{BudgetError, BudgetPolicy, ContextBudget, ContextStatus};
+use crate::entry::{Entry, EntryId, EntryKind, Role, ToolCall};
+use crate::prefix::{SectionClass, StablePrefix};
+use crate::tokens::TokenCounter;
+
+/// Anthropic accepts at most this many cache breakpoints per request.
+pub const MAX_BREAKPOINTS: usize = 4;
+
+/// Why an item is in the packet, or left out (shown by the Context Inspector).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum InclusionReason {
+    /// Tier 1: part of the stable prefix.
+    StablePrefix,
+    /// Tier 2: journal entry sent verbatim.
+    Journal,
+    /// Tier 2: a tool result cut to its head plus an artifact reference.
+    Elided,
+    /// Tier 2: identical to an earlier result, sent as a reference to it.
+    Duplicate,
+    /// Tier 2: left out because its retention TTL expired.
+    Expired,
+    /// Tier 3: volatile telemetry, rebuilt every request.
+    Telemetry,
+}
+
+/// A planned change to how one entry is rendered.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Treatment {
+    /// Send `text` instead of the entry's content (elision, dedup). Tool calls and IDs stay.
+    Replace {
+        /// The replacement text, without the ID tag.
+        text: String,
+        /// Elided or Duplicate.
+        reason: InclusionReason,
+    },
+    /// Leave the entry out of the window (expiry). It stays in the journal.
+    Omit,
+}
+
+/// One Tier-2 entry as the model sees it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct RenderedEntry {
+    /// The entry's ID.
+    pub id: EntryId,
+    /// Provider role.
+    pub role: Role,
+    /// Text with the visible ID tag, e.g. `[msg_104] Find the auth errors.`.
+    pub text: String,
+    /// Tool calls of an assistant entry.
+    pub tool_calls: Vec<ToolCall>,
+    /// Call IDs answered by a tool-result entry, in completion order.
+    pub answers_calls: Vec<String>,
+    /// Tokens of the rendered entry.
+    pub tokens: u64,
+    /// sha256 of the journaled content.
+    pub source_hash: String,
+    /// Why it is here.
+    pub reason: InclusionReason,
+    /// Whether it is in the window (false once expired).
+    pub included: bool,
+}
+
+/// Where a cache breakpoint goes.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case", tag = "after")]
+pub enum Breakpoint {
+    /// After the last Tier-1 section.
+    Tier1,
+    /// After a Tier-2 entry.
+    Entry {
+        /// The entry.
+        id: EntryId,
+    },
+}
+
+/// One inclusion decision, for the Context Inspector.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct InclusionDecision {
+    /// Section id (`tier1.system`, …) or entry ID.
+    pub id: String,
+    /// Tier 1, 2 or 3.
+    pub tier: u8,
+    /// Whether it is sent.
+    pub included: bool,
+    /// Why.
+    pub reason: InclusionReason,
+    /// Tokens it costs.
+    pub tokens: u64,
+    /// sha256 of its source (empty for telemetry).
+    pub source_hash: String,
+}
+
+/// The compiled, model-visible packet. It borrows the compiler's state: building it is O(1) in the history.
+#[derive(Debug)]
+pub struct Packet<'a> {
+    /// Tier 1.
+    pub prefix: &'a StablePrefix,
+    /// Tier 2, in journal order (check [`RenderedEntry::included`]).
+    pub entries: &'a [RenderedEntry],
+    /// Tier 3: the telemetry line, after the cache boundary.
+    pub telemetry: String,
+    /// Cache breakpoints, at most [`MAX_BREAKPOINTS`].
+    pub breakpoints: Vec<Breakpoint>,
+    /// Context status counted over all three tiers.
+    pub status: ContextStatus,
+}
+
+/// Whether the compiler places cache breakpoints.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum BreakpointPlacement {
+    /// At the end of Tier 1, after the latest summary, and at the end of Tier 2.
+    Auto,
+    /// None.
+    Off,
+}
+
+/// What [`ContextCompiler::sync`] did.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SyncOutcome {
+    /// Only new entries were rendered.
+    Appended(usize),
+    /// The generation changed or the history was rewritten: everything was rendered again.
+    Rebuilt(usize),
+}
+
+/// An error compiling.
+#[derive(Debug, thiserror::Error)]
+pub enum CompileError {
+    /// The budget policy does not fit the context window.
+    #[error("context budget: {0}")]
+    Budget(#[from] BudgetError),
+    /// A treatment names an entry that is not in the window.
+    #[error("treatment for {0} which is not in the current generation")]
+    UnknownEntry(EntryId),
+}
+
+/// Incremental compiler state for one agent.
+pub struct ContextCompiler {
+    prefix: StablePrefix,
+    prefix_tokens: u64,
+    generation: u64,
+    rendered: Vec<RenderedEntry>,
+    position: HashMap<EntryId, usize>,
+    tier2_tokens: u64,
+    last_summary: Option<usize>,
+    treatments: BTreeMap<EntryId, Treatment>,
+    placement: BreakpointPlacement,
+}
+
+impl ContextCompiler {
+    /// A compiler for `prefix`, with no entries yet.
+    pub fn new(prefix: StablePrefix, placement: BreakpointPlacement) -> Self {
+        let prefix_tokens = u64::from(prefix.manifest().total_tokens);
+        ContextCompiler {
+            prefix,
+            prefix_tokens,
+            generation: 0,
+            rendered: Vec::new(),
+            position: HashMap::new(),
+            tier2_tokens: 0,
+            last_summary: None,
+            treatments: BTreeMap::new(),
+            placement,
+        }
+    }
+
+    /// Replace the stable prefix (a tool or system-prompt change). Tier 2 is kept.
+    pub fn set_prefix(&mut self, prefix: StablePrefix) {
+        self.prefix_tokens = u64::from(prefix.manifest().total_tokens);
+        self.prefix = prefix;
+    }
+
+    /// The stable prefix.
+    pub fn prefix(&self) -> &StablePrefix {
+        &self.prefix
+    }
+
+    /// Tokens of Tier 1 plus the included Tier-2 entries.
+    pub fn context_tokens(&self) -> u64 {
+        self.prefix_tokens + self.tier2_tokens
+    }
+
+    /// Bring Tier 2 up to date with the journal's current `entries` of `generation`.
+    pub fn sync(&mut self, generation: u64, entries: &[Entry], counter: &TokenCounter) -> SyncOutcome {
+        let extends = generation == self.generation
+            && entries.len() >= self.rendered.len()
+            && self.rendered.last().is_none_or(|last| entries.get(self.rendered.len() - 1).is_some_and(|e| e.id == last.id));
+        if !extends {
+            self.generation = generation;
+            self.rendered.clear();
+            self.position.clear();
+            self.tier2_tokens = 0;
+            self.last_summary = None;
+            let live: std::collections::HashSet<EntryId> = entries.iter().map(|e| e.id).collect();
+            self.treatments.retain(|id, _| live.contains(id));
+            for entry in entries {
+                self.push(entry, counter);
+            }
+            return SyncOutcome::Rebuilt(entries.len());
+        }
+        let new = &entries[self.rendered.len()..];
+        for entry in new {
+            self.push(entry, counter);
+        }
+        SyncOutcome::Appended(new.len())
+    }
+
+    fn push(&mut self, entry: &Entry, counter: &TokenCounter) {
+        let treatment = self.treatments.get(&entry.id);
+        let rendered = render_entry(entry, treatment, counter);
+        if rendered.included {
+            self.tier2_tokens += rendered.tokens;
+        }
+        if entry.id.kind() == EntryKind::Summary {
+            self.last_summary = Some(self.rendered.len());
+        }
+        self.position.insert(entry.id, self.rendered.len());
+        self.rendered.push(rendered);
+    }
+
+    /// Apply a batch of treatments; only the named entries are rendered and counted again.
+    pub fn apply_treatments(
+        &mut self,
+        batch: BTreeMap<EntryId, Treatment>,
+        entries: &[Entry],
+        counter: &TokenCounter,
+    ) -> Result<(), CompileError> {
+        for (id, treatment) in batch {
+            let index = *self.position.get(&id).ok_or(CompileError::UnknownEntry(id))?;
+            let entry = entries.get(index).filter(|e| e.id == id).ok_or(CompileError::UnknownEntry(id))?;
+            let old = &self.rendered[index];
+            if old.included {
+                self.tier2_tokens -= old.tokens;
+            }
+            let rendered = render_entry(entry, Some(&treatment), counter);
+            if rendered.included {
+                self.tier2_tokens += rendered.tokens;
+            }
+            self.rendered[index] = rendered;
+            self.treatments.insert(id, treatment);
+        }
+        Ok(())
+    }
+
+    /// Compile the packet for one request. O(1) in the history: Tier 2 is borrowed as rendered.
+    pub fn compile(&self, limit: u64, policy: BudgetPolicy) -> Result<Packet<'_>, CompileError> {
+        let telemetry_estimate = render::TELEMETRY_TOKENS;
+        let budget = ContextBudget::new(limit, self.context_tokens() + telemetry_estimate, policy)?;
+        let status = budget.status();
+        Ok(Packet {
+            prefix: &self.prefix,
+            entries: &self.rendered,
+            telemetry: status.telemetry_line(),
+            breakpoints: self.breakpoints(),
+            status,
+        })
+    }
+
+    fn breakpoints(&self) -> Vec<Breakpoint> {
+        if self.placement == BreakpointPlacement::Off {
+            return Vec::new();
+        }
+        let mut points = Vec::with_capacity(3);
+        if !self.prefix.sections().is_empty() {
+            points.push(Breakpoint::Tier1);
+        }
+        let last_included = self.rendered.iter().rposition(|r| r.included);
+        if let Some(summary) = self.last_summary
+            && self.rendered[summary].included
+            && Some(summary) != last_included
+        {
+            points.push(Breakpoint::Entry { id: self.rendered[summary].id });
+        }
+        if let Some(last) = last_included {
+            points.push(Breakpoint::Entry { id: self.rendered[last].id });
+        }
+        points.truncate(MAX_BREAKPOINTS);
+        points
+    }
+
+    /// Every inclusion decision, Tier 1 to Tier 3 (for the inspector; O(history)).
+    pub fn decisions(&self) -> Vec<InclusionDecision> {
+        let mut decisions = Vec::with_capacity(self.rendered.len() + 4);
+        let manifest = self.prefix.manifest();
+        for section in &manifest.sections {
+            decisions.push(InclusionDecision {
+                id: format!("tier1.{}", section.id),
+                tier: 1,
+                included: true,
+                reason: InclusionReason::StablePrefix,
+                tokens: u64::from(section.tokens),
+                source_hash: section.source_hash.clone(),
+            });
+        }
+        for entry in &self.rendered {
+            decisions.push(InclusionDecision {
+                id: entry.id.to_string(),
+                tier: 2,
+                included: entry.included,
+                reason: entry.reason,
+                tokens: entry.tokens,
+                source_hash: entry.source_hash.clone(),
+            });
+        }
+        decisions.push(InclusionDecision {
+            id: "tier3.telemetry".into(),
+            tier: 3,
+            included: true,
+            reason: InclusionReason::Telemetry,
+            tokens: render::TELEMETRY_TOKENS,
+            source_hash: String::new(),
+        });
+        decisions
+    }
+
+    /// The class of every Tier-1 section, in order (for provider adapters).
+    pub fn prefix_classes(&self) -> Vec<SectionClass> {
+        self.prefix.sections().iter().map(|s| s.class).collect()
+    }
+}
+
+#[cfg(test)]
+mod tests;

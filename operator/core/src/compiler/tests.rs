@@ -1,0 +1,172 @@
+#![allow(clippy::unwrap_used)]
+
+use std::collections::BTreeMap;
+
+use super::*;
+use crate::entry::{Content, EntryDraft, RetentionClass, ToolResult};
+use crate::prefix::{StablePrefixSources, ToolRegistry};
+use crate::tokens::TokenizerKind;
+
+fn counter() -> TokenCounter {
+    TokenCounter::new(TokenizerKind::O200kBase).unwrap()
+}
+
+fn prefix(counter: &TokenCounter) -> StablePrefix {
+    let sources = StablePrefixSources {
+        system_prompt: "You are builder, the fleet's implementation agent.".into(),
+        tools: vec![serde_json::json!({"name": "read_file", "description": "Read a file", "parameters": {"type": "object"}})],
+        constants: BTreeMap::from([("project".to_string(), "rateright-growth".to_string())]),
+    };
+    StablePrefix::build(&sources, &mut ToolRegistry::new(), counter).unwrap()
+}
+
+fn entry(number: u64, kind: EntryKind, role: Role, text: &str, counter: &TokenCounter) -> Entry {
+    let content = if kind == EntryKind::ToolResult {
+        Content {
+            text: String::new(),
+            tool_calls: Vec::new(),
+            tool_results: vec![ToolResult { call_id: format!("call_{number}"), name: Some("read_file".into()), output: text.into() }],
+        }
+    } else {
+        Content::text(text)
+    };
+    EntryDraft {
+        kind,
+        role,
+        content,
+        retention: RetentionClass::Working,
+        created_at_ms: 1_000 + number,
+        tokens: u64::from(counter.count(text)),
+        artifact_refs: Vec::new(),
+    }
+    .into_entry(number)
+}
+
+fn history(counter: &TokenCounter, n: u64) -> Vec<Entry> {
+    (1..=n)
+        .map(|i| match i % 3 {
+            1 => entry(i, EntryKind::Message, Role::User, &format!("Please fix issue {i} in auth.py"), counter),
+            2 => entry(i, EntryKind::Message, Role::Assistant, &format!("Looking at step {i}."), counter),
+            _ => entry(i, EntryKind::ToolResult, Role::Tool, &"def login(user):\n    return check(user)\n".repeat(i as usize), counter),
+        })
+        .collect()
+}
+
+#[test]
+fn packet_has_tiers_in_order_with_visible_ids() {
+    let counter = counter();
+    let entries = history(&counter, 6);
+    let mut compiler = ContextCompiler::new(prefix(&counter), BreakpointPlacement::Auto);
+    assert_eq!(compiler.sync(1, &entries, &counter), SyncOutcome::Rebuilt(6));
+    let packet = compiler.compile(128_000, BudgetPolicy::default()).unwrap();
+    assert_eq!(packet.entries.len(), 6);
+    assert!(packet.entries[0].text.starts_with("[msg_1] Please fix issue 1"));
+    assert!(packet.entries[2].text.starts_with("[tool_res_3] def login"));
+    assert_eq!(packet.entries[2].answers_calls, ["call_3"]);
+    assert!(packet.telemetry.starts_with("Status: Context: "), "{}", packet.telemetry);
+    assert!(packet.telemetry.ends_with("| Level: Normal"), "{}", packet.telemetry);
+    let expected = compiler.context_tokens() + render::TELEMETRY_TOKENS;
+    assert_eq!(packet.status.tokens, expected);
+    assert_eq!(packet.breakpoints, vec![Breakpoint::Tier1, Breakpoint::Entry { id: entries[5].id }]);
+}
+
+#[test]
+fn appending_renders_only_new_entries_and_matches_a_rebuild() {
+    let counter = counter();
+    let entries = history(&counter, 30);
+    let mut incremental = ContextCompiler::new(prefix(&counter), BreakpointPlacement::Auto);
+    incremental.sync(1, &entries[..10], &counter);
+    assert_eq!(incremental.sync(1, &entries[..25], &counter), SyncOutcome::Appended(15));
+    assert_eq!(incremental.sync(1, &entries, &counter), SyncOutcome::Appended(5));
+    assert_eq!(incremental.sync(1, &entries, &counter), SyncOutcome::Appended(0));
+
+    let mut scratch = ContextCompiler::new(prefix(&counter), BreakpointPlacement::Auto);
+    scratch.sync(1, &entries, &counter);
+    assert_eq!(incremental.context_tokens(), scratch.context_tokens());
+    let a = incremental.compile(128_000, BudgetPolicy::default()).unwrap();
+    let b = scratch.compile(128_000, BudgetPolicy::default()).unwrap();
+    assert_eq!(a.entries, b.entries);
+    assert_eq!(a.telemetry, b.telemetry);
+}
+
+#[test]
+fn a_new_generation_rebuilds() {
+    let counter = counter();
+    let entries = history(&counter, 9);
+    let mut compiler = ContextCompiler::new(prefix(&counter), BreakpointPlacement::Auto);
+    compiler.sync(1, &entries, &counter);
+    let mut compacted = vec![entry(10, EntryKind::Summary, Role::User, "Summary: issues 1-9 fixed.", &counter)];
+    compacted.extend_from_slice(&entries[7..]);
+    assert_eq!(compiler.sync(2, &compacted, &counter), SyncOutcome::Rebuilt(3));
+    let packet = compiler.compile(128_000, BudgetPolicy::default()).unwrap();
+    assert_eq!(packet.entries[0].text, "[summary_10] Summary: issues 1-9 fixed.");
+    assert_eq!(
+        packet.breakpoints,
+        vec![Breakpoint::Tier1, Breakpoint::Entry { id: compacted[0].id }, Breakpoint::Entry { id: compacted[2].id }]
+    );
+    // Same generation, but the history no longer extends what was rendered: rebuild too.
+    let rewritten = history(&counter, 2);
+    assert_eq!(compiler.sync(2, &rewritten, &counter), SyncOutcome::Rebuilt(2));
+}
+
+#[test]
+fn treatments_change_only_their_entries() {
+    let counter = counter();
+    let entries = history(&counter, 9);
+    let mut compiler = ContextCompiler::new(prefix(&counter), BreakpointPlacement::Auto);
+    compiler.sync(1, &entries, &counter);
+    let before = compiler.context_tokens();
+    let big = entries[8].id; // tool_res_9, the largest
+    let batch = BTreeMap::from([
+        (big, Treatment::Replace { text: "def login(user): … [elided]".into(), reason: InclusionReason::Elided }),
+        (entries[0].id, Treatment::Omit),
+    ]);
+    compiler.apply_treatments(batch, &entries, &counter).unwrap();
+    let packet = compiler.compile(128_000, BudgetPolicy::default()).unwrap();
+    assert!(compiler.context_tokens() < before);
+    assert!(!packet.entries[0].included);
+    assert_eq!(packet.entries[8].reason, InclusionReason::Elided);
+    assert_eq!(packet.entries[8].text, "[tool_res_9] def login(user): … [elided]");
+    assert_eq!(packet.entries[1], ContextCompiler::new(prefix(&counter), BreakpointPlacement::Auto).tap_sync(&entries, &counter)[1]);
+    // Treatments survive later appends and rebuilds of the same generation.
+    let more = history(&counter, 12);
+    compiler.sync(1, &more, &counter);
+    assert_eq!(compiler.compile(128_000, BudgetPolicy::default()).unwrap().entries[8].reason, InclusionReason::Elided);
+    let unknown = BTreeMap::from([(EntryId::new(EntryKind::Message, 999), Treatment::Omit)]);
+    assert!(matches!(compiler.apply_treatments(unknown, &more, &counter), Err(CompileError::UnknownEntry(_))));
+}
+
+impl ContextCompiler {
+    fn tap_sync(mut self, entries: &[Entry], counter: &TokenCounter) -> Vec<RenderedEntry> {
+        self.sync(1, entries, counter);
+        self.rendered
+    }
+}
+
+#[test]
+fn decisions_cover_every_section_and_entry() {
+    let counter = counter();
+    let entries = history(&counter, 4);
+    let mut compiler = ContextCompiler::new(prefix(&counter), BreakpointPlacement::Off);
+    compiler.sync(1, &entries, &counter);
+    let decisions = compiler.decisions();
+    let tier1 = decisions.iter().filter(|d| d.tier == 1).count();
+    assert_eq!(tier1, compiler.prefix().manifest().sections.len());
+    assert_eq!(decisions.iter().filter(|d| d.tier == 2).count(), 4);
+    assert_eq!(decisions.last().unwrap().reason, InclusionReason::Telemetry);
+    assert!(decisions.iter().filter(|d| d.tier < 3).all(|d| d.source_hash.len() == 64));
+    assert!(compiler.compile(128_000, BudgetPolicy::default()).unwrap().breakpoints.is_empty());
+}
+
+#[test]
+fn levels_follow_the_budget() {
+    let counter = counter();
+    let entries = history(&counter, 30);
+    let mut compiler = ContextCompiler::new(prefix(&counter), BreakpointPlacement::Auto);
+    compiler.sync(1, &entries, &counter);
+    let used = compiler.context_tokens() + render::TELEMETRY_TOKENS;
+    let policy = BudgetPolicy { reserved_completion_tokens: 0, protocol_overhead_tokens: 0, safety_margin_tokens: 0, ..BudgetPolicy::default() };
+    let limit = used * 100 / 91; // about 91% used: HighRisk
+    let packet = compiler.compile(limit, policy).unwrap();
+    assert!(packet.telemetry.ends_with("| Level: HighRisk"), "{}", packet.telemetry);
+}

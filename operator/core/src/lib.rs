@@ -1,0 +1,18 @@
+//! strata-core: the Strata context engine.
+//!
+//! It owns the agent journal and artifact store, token counting, the canonical stable prefix,
+//! the tenant-scoped cache identity and the context budget. It is pure Rust with no Kubernetes and
+//! no network: the gateway, the compactor and the operator call into it.
+
+pub mod artifacts;
+pub mod budget;
+pub mod cache_key;
+pub mod dedup;
+pub mod compiler;
+pub mod economics;
+pub mod entry;
+pub mod journal;
+pub mod prefix;
+pub mod redaction;
+pub mod tokens;
+pub mod tool_output;

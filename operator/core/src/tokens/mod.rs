@@ -1,0 +1,247 @@
+//! Token counting with real BPE encodings (o200k_base, cl100k_base) and a calibrated approximation.
+//!
+//! * [`TokenizerKind::O200kBase`] and [`TokenizerKind::Cl100kBase`] count exactly what the OpenAI
+//!   encodings produce for ordinary text. Text that looks like a special token (for example
+//!   `<|endoftext|>`) is counted as ordinary text, because that is how user-supplied text reaches a
+//!   provider; counting never panics.
+//! * [`TokenizerKind::Approximate`] serves providers without a public tokenizer (Anthropic). Its base
+//!   estimate is the o200k_base count (a modern 200k-vocabulary BPE, much closer to current provider
+//!   tokenizers than a characters-per-token rule), multiplied by a per-agent [`Calibration`] ratio
+//!   learned from provider-reported `input_tokens`.
+//!
+//! The BPE ranks ship inside `tiktoken-rs`; each encoding is parsed once, lazily, behind a
+//! [`std::sync::OnceLock`]. A parse failure is reported as [`TokenizerError::Load`] on every call.
+
+mod calibration;
+
+pub use calibration::{
+    Calibration, DEFAULT_APPROXIMATE_RATIO, EWMA_WEIGHT, MAX_CALIBRATION_RATIO, MIN_CALIBRATION_RATIO,
+};
+
+use std::sync::OnceLock;
+
+use serde::{Deserialize, Serialize};
+use tiktoken_rs::CoreBPE;
+
+/// Tokens a chat message costs beyond its role and content: the message start/end markers and the
+/// role/content separator of the chat format (the value OpenAI documents for its chat models).
+pub const MESSAGE_OVERHEAD_TOKENS: u32 = 3;
+
+/// Which tokenizer counts tokens for an agent's model.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+pub enum TokenizerKind {
+    /// OpenAI `o200k_base` (GPT-4o, GPT-4.1, GPT-5, o-series).
+    O200kBase,
+    /// OpenAI `cl100k_base` (GPT-4, GPT-3.5).
+    Cl100kBase,
+    /// No public tokenizer: o200k_base count times a learned calibration ratio.
+    Approximate,
+}
+
+impl TokenizerKind {
+    /// Stable name of the tokenizer, used in cache identities and manifests.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::O200kBase => "O200kBase",
+            Self::Cl100kBase => "Cl100kBase",
+            Self::Approximate => "Approximate",
+        }
+    }
+}
+
+impl std::fmt::Display for TokenizerKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// Failure to make a tokenizer available.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum TokenizerError {
+    /// The embedded BPE ranks of an encoding could not be parsed.
+    #[error("failed to load the {encoding} BPE ranks: {reason}")]
+    Load {
+        /// Encoding name, e.g. `o200k_base`.
+        encoding: &'static str,
+        /// The loader's error message.
+        reason: String,
+    },
+}
+
+/// The BPE encodings Strata loads.
+#[derive(Debug, Clone, Copy)]
+enum Encoding {
+    O200kBase,
+    Cl100kBase,
+}
+
+impl Encoding {
+    fn name(self) -> &'static str {
+        match self {
+            Self::O200kBase => "o200k_base",
+            Self::Cl100kBase => "cl100k_base",
+        }
+    }
+}
+
+type LoadedEncoding = Result<CoreBPE, String>;
+
+/// Returns the lazily loaded encoding, parsing its ranks on first use only.
+fn load_encoding(encoding: Encoding) -> Result<&'static CoreBPE, TokenizerError> {
+    static O200K_BASE: OnceLock<LoadedEncoding> = OnceLock::new();
+    static CL100K_BASE: OnceLock<LoadedEncoding> = OnceLock::new();
+    let loaded = match encoding {
+        Encoding::O200kBase => {
+            O200K_BASE.get_or_init(|| tiktoken_rs::o200k_base().map_err(|error| error.to_string()))
+        }
+        Encoding::Cl100kBase => {
+            CL100K_BASE.get_or_init(|| tiktoken_rs::cl100k_base().map_err(|error| error.to_string()))
+        }
+    };
+    loaded
+        .as_ref()
+        .map_err(|reason| TokenizerError::Load { encoding: encoding.name(), reason: reason.clone() })
+}
+
+/// Counts tokens for one agent's model.
+#[derive(Clone)]
+pub struct TokenCounter {
+    kind: TokenizerKind,
+    bpe: &'static CoreBPE,
+    calibration: Calibration,
+}
+
+impl std::fmt::Debug for TokenCounter {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TokenCounter")
+            .field("kind", &self.kind)
+            .field("calibration", &self.calibration)
+            .finish_non_exhaustive()
+    }
+}
+
+impl TokenCounter {
+    /// A counter for `kind`, with a fresh calibration for [`TokenizerKind::Approximate`].
+    pub fn new(kind: TokenizerKind) -> Result<Self, TokenizerError> {
+        Self::with_calibration(kind, Calibration::default())
+    }
+
+    /// A counter for `kind` that resumes a persisted calibration (only used by `Approximate`).
+    pub fn with_calibration(kind: TokenizerKind, calibration: Calibration) -> Result<Self, TokenizerError> {
+        let encoding = match kind {
+            TokenizerKind::O200kBase | TokenizerKind::Approximate => Encoding::O200kBase,
+            TokenizerKind::Cl100kBase => Encoding::Cl100kBase,
+        };
+        Ok(Self { kind, bpe: load_encoding(encoding)?, calibration })
+    }
+
+    /// The tokenizer this counter implements.
+    pub fn kind(&self) -> TokenizerKind {
+        self.kind
+    }
+
+    /// The calibration state (meaningful for `Approximate`; persist it with the agent).
+    pub fn calibration(&self) -> &Calibration {
+        &self.calibration
+    }
+
+    /// The uncalibrated BPE count of `text` (special-token text counted as ordinary text).
+    pub fn base_count(&self, text: &str) -> u32 {
+        saturate(self.bpe.encode_ordinary(text).len())
+    }
+
+    /// The token count of `text` for this tokenizer: exact for BPE kinds, calibrated for
+    /// `Approximate`.
+    pub fn count(&self, text: &str) -> u32 {
+        self.calibrate(self.base_count(text))
+    }
+
+    /// Tokens of one chat message: role + content + [`MESSAGE_OVERHEAD_TOKENS`].
+    pub fn count_message(&self, role: &str, content: &str) -> u32 {
+        let base = self
+            .base_count(role)
+            .saturating_add(self.base_count(content))
+            .saturating_add(MESSAGE_OVERHEAD_TOKENS);
+        self.calibrate(base)
+    }
+
+    /// Learns from a provider-reported usage: `estimated` is the [`Self::base_count`] of what was
+    /// sent and `actual` the provider's `input_tokens`. Exact BPE kinds ignore the observation.
+    pub fn observe_usage(&mut self, estimated: u32, actual: u32) {
+        if self.kind == TokenizerKind::Approximate {
+            self.calibration.observe(estimated, actual);
+        }
+    }
+
+    fn calibrate(&self, base: u32) -> u32 {
+        match self.kind {
+            TokenizerKind::Approximate => self.calibration.apply(base),
+            TokenizerKind::O200kBase | TokenizerKind::Cl100kBase => base,
+        }
+    }
+}
+
+fn saturate(count: usize) -> u32 {
+    u32::try_from(count).unwrap_or(u32::MAX)
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    #[test]
+    fn o200k_counts_known_text() {
+        let counter = TokenCounter::new(TokenizerKind::O200kBase).unwrap();
+        assert_eq!(counter.count("hello world"), 2);
+        assert_eq!(counter.count(""), 0);
+    }
+
+    #[test]
+    fn cl100k_counts_known_text() {
+        let counter = TokenCounter::new(TokenizerKind::Cl100kBase).unwrap();
+        assert_eq!(counter.count("hello world"), 2);
+        assert_eq!(counter.count("This is a test"), 4);
+    }
+
+    #[test]
+    fn special_token_text_counts_as_ordinary_text() {
+        for kind in [TokenizerKind::O200kBase, TokenizerKind::Cl100kBase] {
+            let counter = TokenCounter::new(kind).unwrap();
+            let count = counter.count("<|endoftext|>");
+            assert!(count > 1, "{kind}: special text must be split, got {count}");
+        }
+    }
+
+    #[test]
+    fn message_adds_overhead() {
+        let counter = TokenCounter::new(TokenizerKind::O200kBase).unwrap();
+        let expected = counter.count("user") + counter.count("hello world") + 3;
+        assert_eq!(counter.count_message("user", "hello world"), expected);
+    }
+
+    #[test]
+    fn approximate_applies_calibration() {
+        let mut counter = TokenCounter::new(TokenizerKind::Approximate).unwrap();
+        let text = "The quick brown fox jumps over the lazy dog. ".repeat(20);
+        let base = counter.base_count(&text);
+        assert_eq!(counter.count(&text), counter.calibration().apply(base), "approximate = base × ratio");
+        counter.observe_usage(base, base * 2);
+        assert!(counter.count(&text) > base);
+    }
+
+    #[test]
+    fn exact_kinds_ignore_usage_observations() {
+        let mut counter = TokenCounter::new(TokenizerKind::O200kBase).unwrap();
+        counter.observe_usage(100, 180);
+        assert_eq!(counter.count("hello world"), 2);
+    }
+
+    #[test]
+    fn kind_serializes_with_variant_names() {
+        let json = serde_json::to_string(&TokenizerKind::O200kBase).unwrap();
+        assert_eq!(json, "\"O200kBase\"");
+        let kind: TokenizerKind = serde_json::from_str("\"Approximate\"").unwrap();
+        assert_eq!(kind, TokenizerKind::Approximate);
+    }
+}
