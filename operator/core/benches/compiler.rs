@@ -15,7 +15,7 @@ fn entry(number: u64, counter: &TokenCounter) -> Entry {
     let text = format!("Step {number}: ran the test suite; 3 failures remain in auth/session.py lines 40-88.");
     EntryDraft {
         kind: EntryKind::Message,
-        role: if number % 2 == 0 { Role::Assistant } else { Role::User },
+        role: if number.is_multiple_of(2) { Role::Assistant } else { Role::User },
         tokens: u64::from(counter.count(&text)),
         content: Content::text(text),
         retention: RetentionClass::Working,

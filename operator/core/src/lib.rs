@@ -7,12 +7,13 @@
 pub mod artifacts;
 pub mod budget;
 pub mod cache_key;
-pub mod dedup;
 pub mod compiler;
+pub mod dedup;
 pub mod economics;
 pub mod entry;
 pub mod journal;
 pub mod prefix;
 pub mod redaction;
+pub mod retention;
 pub mod tokens;
 pub mod tool_output;

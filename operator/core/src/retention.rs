@@ -1,0 +1,256 @@
+//! Retention classification by policy rules, and cache-aware batched expiry of Ephemeral entries.
+//!
+//! **Rules.** [`RetentionRule`] mirrors the policy API's JSON (`name`, `class` as `Critical`,
+//! `Working`, `Reference` or `Ephemeral`, `match: {roles, toolNames, contentRegex}`, `ttlSeconds`)
+//! so the gateway can deserialize the effective policy straight into it. Within a rule all given
+//! criteria must hold; a rule with no criteria matches everything. The first matching rule wins;
+//! with none, an entry is `Working` with no TTL.
+//!
+//! **Expiry.** An entry is *expired* when its class is `Ephemeral`, it has a TTL and
+//! `now ≥ created_at + ttl`; it is *overdue* when `now ≥ created_at + overdue_factor × ttl`.
+//! Critical entries never expire, whatever TTL they are given. Removing entries rewrites the
+//! cached prompt from the first removed one on (see [`crate::tool_output::elide`]), so expiry is
+//! batched like elision: [`plan_expiry`] proposes removing *all* expired, not yet removed entries
+//! together, and only when that batch pays (its expected saving is at least `payback_ratio` × the
+//! rewrite cost, by [`RemovalEconomics`]). The TTL is a promise, so one exception bounds the
+//! delay: if any candidate is overdue, the batch fires regardless of economics. An expired entry
+//! therefore leaves the window at the latest at `overdue_factor × ttl`.
+
+use std::collections::HashSet;
+
+use regex::Regex;
+use serde::{Deserialize, Deserializer, Serialize, Serializer};
+
+use crate::economics::{CachePricing, RemovalEconomics};
+use crate::entry::{Entry, EntryId, RetentionClass, Role};
+
+/// One classification rule, shaped like the policy API's retention rule.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct RetentionRule {
+    /// Unique name of the rule.
+    pub name: String,
+    /// The class given to matching entries.
+    #[serde(serialize_with = "serialize_class", deserialize_with = "deserialize_class")]
+    pub class: RetentionClass,
+    /// Which entries the rule matches.
+    #[serde(rename = "match", default)]
+    pub matcher: RetentionMatch,
+    /// Entries of this rule leave the window after this many seconds.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ttl_seconds: Option<u32>,
+}
+
+/// Criteria of a rule; all given criteria must hold.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct RetentionMatch {
+    /// Roles the rule applies to.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub roles: Option<Vec<Role>>,
+    /// Tool names whose calls and results the rule applies to.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tool_names: Option<Vec<String>>,
+    /// Regular expression the entry's text must match (anywhere).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub content_regex: Option<String>,
+}
+
+fn class_name(class: RetentionClass) -> &'static str {
+    match class {
+        RetentionClass::Critical => "Critical",
+        RetentionClass::Working => "Working",
+        RetentionClass::Reference => "Reference",
+        RetentionClass::Ephemeral => "Ephemeral",
+    }
+}
+
+fn serialize_class<S: Serializer>(class: &RetentionClass, serializer: S) -> Result<S::Ok, S::Error> {
+    serializer.serialize_str(class_name(*class))
+}
+
+fn deserialize_class<'de, D: Deserializer<'de>>(deserializer: D) -> Result<RetentionClass, D::Error> {
+    let text = String::deserialize(deserializer)?;
+    match text.as_str() {
+        "Critical" => Ok(RetentionClass::Critical),
+        "Working" => Ok(RetentionClass::Working),
+        "Reference" => Ok(RetentionClass::Reference),
+        "Ephemeral" => Ok(RetentionClass::Ephemeral),
+        _ => Err(serde::de::Error::custom(format!(
+            "unknown retention class {text:?}: expected Critical, Working, Reference or Ephemeral"
+        ))),
+    }
+}
+
+/// A rule set cannot be used.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum RetentionRuleError {
+    /// The content regex does not compile.
+    #[error("retention rule #{index} {name:?}: invalid contentRegex {pattern:?}: {source}")]
+    BadRegex {
+        /// Position of the rule.
+        index: usize,
+        /// Its name.
+        name: String,
+        /// The pattern.
+        pattern: String,
+        /// The regex error.
+        source: regex::Error,
+    },
+    /// The rule is inconsistent.
+    #[error("retention rule #{index} {name:?}: {problem}")]
+    Invalid {
+        /// Position of the rule.
+        index: usize,
+        /// Its name.
+        name: String,
+        /// What is wrong.
+        problem: &'static str,
+    },
+}
+
+#[derive(Debug, Clone)]
+struct CompiledRule {
+    rule: RetentionRule,
+    regex: Option<Regex>,
+}
+
+/// Classifies entries by the first matching rule.
+#[derive(Debug, Clone)]
+pub struct Classifier {
+    rules: Vec<CompiledRule>,
+}
+
+impl Classifier {
+    /// Compiles `rules`, rejecting bad regexes, duplicate names, an Ephemeral rule without a TTL,
+    /// a zero TTL and a TTL on a Critical rule.
+    pub fn new(rules: Vec<RetentionRule>) -> Result<Self, RetentionRuleError> {
+        let mut names = HashSet::new();
+        let mut compiled = Vec::with_capacity(rules.len());
+        for (index, rule) in rules.into_iter().enumerate() {
+            let invalid =
+                |problem| Err(RetentionRuleError::Invalid { index, name: rule.name.clone(), problem });
+            if !names.insert(rule.name.clone()) {
+                return invalid("duplicate rule name");
+            }
+            match (rule.class, rule.ttl_seconds) {
+                (RetentionClass::Ephemeral, None) => return invalid("an Ephemeral rule needs ttlSeconds"),
+                (RetentionClass::Critical, Some(_)) => return invalid("Critical entries never expire"),
+                (_, Some(0)) => return invalid("ttlSeconds must be at least 1"),
+                _ => {}
+            }
+            let regex = match &rule.matcher.content_regex {
+                Some(pattern) => {
+                    Some(Regex::new(pattern).map_err(|source| RetentionRuleError::BadRegex {
+                        index,
+                        name: rule.name.clone(),
+                        pattern: pattern.clone(),
+                        source,
+                    })?)
+                }
+                None => None,
+            };
+            compiled.push(CompiledRule { rule, regex });
+        }
+        Ok(Self { rules: compiled })
+    }
+
+    /// The class and TTL (seconds) of an entry with this role, text and tool name.
+    pub fn classify(&self, role: Role, text: &str, tool_name: Option<&str>) -> (RetentionClass, Option<u32>) {
+        self.rules
+            .iter()
+            .find(|compiled| {
+                let matcher = &compiled.rule.matcher;
+                matcher.roles.as_ref().is_none_or(|roles| roles.contains(&role))
+                    && matcher
+                        .tool_names
+                        .as_ref()
+                        .is_none_or(|names| tool_name.is_some_and(|tool| names.iter().any(|n| n == tool)))
+                    && compiled.regex.as_ref().is_none_or(|regex| regex.is_match(text))
+            })
+            .map_or((RetentionClass::Working, None), |compiled| {
+                (compiled.rule.class, compiled.rule.ttl_seconds)
+            })
+    }
+}
+
+/// How expiry is batched.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", default)]
+pub struct ExpiryPolicy {
+    /// A batch fires when its expected saving is at least this multiple of its rewrite cost.
+    pub payback_ratio: f64,
+    /// An entry past this multiple of its TTL forces a batch.
+    pub overdue_factor: u32,
+}
+
+impl Default for ExpiryPolicy {
+    fn default() -> Self {
+        Self { payback_ratio: 1.0, overdue_factor: 2 }
+    }
+}
+
+/// Expired entries to remove together.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ExpiryBatch {
+    /// The entries to remove, in sequence order.
+    pub ids: Vec<EntryId>,
+    /// Tokens removed from every later call.
+    pub saved_tokens: u64,
+    /// Index of the first removed entry.
+    pub first_changed_index: usize,
+    /// The trade: saving against the cache rewrite.
+    pub economics: RemovalEconomics,
+    /// Whether an overdue entry forced the batch although it does not pay.
+    pub forced_by_overdue: bool,
+}
+
+/// Plans removal of expired Ephemeral entries; `ttl_seconds_of` gives an entry's TTL (e.g. from
+/// [`Classifier::classify`]). Returns `None` when nothing is expired, or when the batch neither
+/// pays nor contains an overdue entry.
+pub fn plan_expiry(
+    entries: &[Entry],
+    now_ms: u64,
+    already_expired: &HashSet<EntryId>,
+    ttl_seconds_of: impl Fn(&Entry) -> Option<u32>,
+    policy: &ExpiryPolicy,
+    remaining_calls_estimate: u64,
+    pricing: CachePricing,
+) -> Option<ExpiryBatch> {
+    let mut ids = Vec::new();
+    let mut first_changed_index = None;
+    let mut saved_tokens = 0u64;
+    let mut overdue = false;
+    for (index, entry) in entries.iter().enumerate() {
+        if entry.retention != RetentionClass::Ephemeral || already_expired.contains(&entry.id) {
+            continue;
+        }
+        let Some(ttl_ms) = ttl_seconds_of(entry).map(|ttl| u64::from(ttl) * 1000) else {
+            continue;
+        };
+        let age_ms = now_ms.saturating_sub(entry.created_at_ms);
+        if age_ms < ttl_ms {
+            continue;
+        }
+        overdue |= age_ms >= ttl_ms.saturating_mul(u64::from(policy.overdue_factor));
+        saved_tokens += entry.tokens;
+        first_changed_index.get_or_insert(index);
+        ids.push(entry.id);
+    }
+    let first_changed_index = first_changed_index?;
+    let tail: u64 = entries[first_changed_index..].iter().map(|entry| entry.tokens).sum();
+    let economics = RemovalEconomics::evaluate(
+        saved_tokens,
+        tail.saturating_sub(saved_tokens),
+        remaining_calls_estimate,
+        pricing,
+    );
+    let pays = economics.pays() && economics.expected_saving >= policy.payback_ratio * economics.rewrite_cost;
+    (pays || overdue).then_some(ExpiryBatch {
+        ids,
+        saved_tokens,
+        first_changed_index,
+        economics,
+        forced_by_overdue: overdue && !pays,
+    })
+}
