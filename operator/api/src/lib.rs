@@ -9,6 +9,7 @@ pub mod context_policy;
 pub mod crds;
 pub mod effective;
 pub mod fields;
+pub mod gateway_config;
 pub mod policy;
 pub mod refs;
 pub mod schema_check;
