@@ -12,7 +12,8 @@ use strata_core::prefix::{StablePrefix, StablePrefixSources, ToolRegistry};
 use strata_core::tokens::{TokenCounter, TokenizerKind};
 
 fn entry(number: u64, counter: &TokenCounter) -> Entry {
-    let text = format!("Step {number}: ran the test suite; 3 failures remain in auth/session.py lines 40-88.");
+    let text =
+        format!("Step {number}: ran the test suite; 3 failures remain in auth/session.py lines 40-88.");
     EntryDraft {
         kind: EntryKind::Message,
         role: if number.is_multiple_of(2) { Role::Assistant } else { Role::User },
@@ -48,28 +49,34 @@ fn bench_compile(c: &mut Criterion) {
     };
     let prefix = StablePrefix::build(&sources, &mut ToolRegistry::new(), &counter).unwrap();
     let mut group = c.benchmark_group("compile_one_new_entry");
+    // A live compiler at the given journal size takes one new entry and compiles, APPENDS times in a
+    // row (the gateway's steady state); a fresh compiler is built, untimed, for every run of appends.
+    const APPENDS: u64 = 64;
     for size in [1_000u64, 50_000, 200_000] {
         let mut entries = journal(size, &counter);
-        let next = entries.len() as u64 + 1;
-        let extra = entry(next, &counter);
+        let base = entries.len();
+        let first_new = base as u64 + 1;
+        entries.extend((first_new..first_new + APPENDS).map(|n| entry(n, &counter)));
         group.bench_with_input(BenchmarkId::from_parameter(size), &size, |b, _| {
-            b.iter_batched_ref(
-                || {
+            b.iter_custom(|iters| {
+                let mut total = std::time::Duration::ZERO;
+                let mut done = 0;
+                while done < iters {
                     let mut compiler = ContextCompiler::new(prefix.clone(), BreakpointPlacement::Auto);
-                    compiler.sync(1, &entries, &counter);
-                    let mut grown = entries.clone();
-                    grown.push(extra.clone());
-                    (compiler, grown)
-                },
-                |(compiler, grown)| {
-                    compiler.sync(1, grown, &counter);
-                    let packet = compiler.compile(1_000_000, BudgetPolicy::default()).unwrap();
-                    std::hint::black_box(packet.status.tokens)
-                },
-                criterion::BatchSize::LargeInput,
-            );
+                    compiler.sync(1, &entries[..base], &counter);
+                    let run = APPENDS.min(iters - done);
+                    let start = std::time::Instant::now();
+                    for k in 1..=run as usize {
+                        compiler.sync(1, &entries[..base + k], &counter);
+                        let packet = compiler.compile(1_000_000, BudgetPolicy::default()).unwrap();
+                        std::hint::black_box(packet.status.tokens);
+                    }
+                    total += start.elapsed();
+                    done += run;
+                }
+                total
+            });
         });
-        entries.clear();
     }
     group.finish();
 }

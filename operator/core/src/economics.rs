@@ -61,7 +61,13 @@ impl RemovalEconomics {
         } else {
             None
         };
-        RemovalEconomics { saved_tokens_per_call: saved, rewritten_tokens: rewritten, rewrite_cost, expected_saving, break_even_calls }
+        RemovalEconomics {
+            saved_tokens_per_call: saved,
+            rewritten_tokens: rewritten,
+            rewrite_cost,
+            expected_saving,
+            break_even_calls,
+        }
     }
 
     /// Whether the removal pays for itself within the expected remaining calls.

@@ -7,12 +7,14 @@
 pub mod artifacts;
 pub mod budget;
 pub mod cache_key;
+pub mod compaction;
 pub mod compiler;
 pub mod dedup;
 pub mod economics;
 pub mod entry;
 pub mod journal;
 pub mod prefix;
+pub mod purge;
 pub mod redaction;
 pub mod retention;
 pub mod tokens;

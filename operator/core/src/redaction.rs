@@ -84,7 +84,11 @@ pub struct Redactor {
 
 /// The built-in shapes: (kind, pattern, capture group holding the secret).
 const BUILTIN: &[(SecretKind, &str, usize)] = &[
-    (SecretKind::PemPrivateKey, r"-----BEGIN (?:[A-Z0-9]+ )*PRIVATE KEY-----[\s\S]*?-----END (?:[A-Z0-9]+ )*PRIVATE KEY-----", 0),
+    (
+        SecretKind::PemPrivateKey,
+        r"-----BEGIN (?:[A-Z0-9]+ )*PRIVATE KEY-----[\s\S]*?-----END (?:[A-Z0-9]+ )*PRIVATE KEY-----",
+        0,
+    ),
     (SecretKind::AwsAccessKeyId, r"\b(?:AKIA|ASIA|ABIA|ACCA)[0-9A-Z]{16}\b", 0),
     (
         SecretKind::AwsSecretAccessKey,
@@ -124,8 +128,11 @@ impl Redactor {
             rules.push(Rule { kind: *kind, regex, group: *group });
         }
         for (index, pattern) in extra_patterns.iter().enumerate() {
-            let regex =
-                Regex::new(pattern).map_err(|source| PatternError { index, pattern: pattern.clone(), source })?;
+            let regex = Regex::new(pattern).map_err(|source| PatternError {
+                index,
+                pattern: pattern.clone(),
+                source,
+            })?;
             rules.push(Rule { kind: SecretKind::Custom, regex, group: 0 });
         }
         Ok(Some(Redactor { rules }))
@@ -188,7 +195,11 @@ mod tests {
 
     #[test]
     fn known_shapes_are_redacted() {
-        assert_redacts("export AWS_ACCESS_KEY_ID=AKIAIOSFODNN7EXAMPLE", "AKIAIOSFODNN7EXAMPLE", SecretKind::AwsAccessKeyId);
+        assert_redacts(
+            "export AWS_ACCESS_KEY_ID=AKIAIOSFODNN7EXAMPLE",
+            "AKIAIOSFODNN7EXAMPLE",
+            SecretKind::AwsAccessKeyId,
+        );
         assert_redacts(
             "aws_secret_access_key = wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY",
             "wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY",
@@ -199,12 +210,20 @@ mod tests {
             "eyJhbGciOiJIUzI1NiJ9",
             SecretKind::BearerToken,
         );
-        assert_redacts("OPENAI_API_KEY=sk-proj-abcdefghijklmnopqrstuvwxyz012345", "sk-proj-abcdef", SecretKind::ApiKey);
+        assert_redacts(
+            "OPENAI_API_KEY=sk-proj-abcdefghijklmnopqrstuvwxyz012345",
+            "sk-proj-abcdef",
+            SecretKind::ApiKey,
+        );
         assert_redacts("key: sk-ant-api03-abcdefghijklmnopqrstuvwxyz", "sk-ant-api03", SecretKind::ApiKey);
         assert_redacts("token ghp_abcdefghijklmnopqrstuvwxyz0123456789AB", "ghp_abcdef", SecretKind::ApiKey);
         assert_redacts("slack xoxb-123456789012-abcdefghij", "xoxb-1234", SecretKind::ApiKey);
         assert_redacts("stripe sk_live_abcdefghijklmnop1234", "sk_live_", SecretKind::ApiKey);
-        assert_redacts("{\"password\": \"correct-horse-battery\"}", "correct-horse-battery", SecretKind::AssignedSecret);
+        assert_redacts(
+            "{\"password\": \"correct-horse-battery\"}",
+            "correct-horse-battery",
+            SecretKind::AssignedSecret,
+        );
     }
 
     #[test]

@@ -160,7 +160,6 @@ pub struct ContextCompiler {
     prefix_tokens: u64,
     generation: u64,
     rendered: Vec<RenderedEntry>,
-    position: HashMap<EntryId, usize>,
     tier2_tokens: u64,
     last_summary: Option<usize>,
     treatments: BTreeMap<EntryId, Treatment>,
@@ -176,7 +175,6 @@ impl ContextCompiler {
             prefix_tokens,
             generation: 0,
             rendered: Vec::new(),
-            position: HashMap::new(),
             tier2_tokens: 0,
             last_summary: None,
             treatments: BTreeMap::new(),
@@ -204,13 +202,18 @@ impl ContextCompiler {
     pub fn sync(&mut self, generation: u64, entries: &[Entry], counter: &TokenCounter) -> SyncOutcome {
         let extends = generation == self.generation
             && entries.len() >= self.rendered.len()
-            && self.rendered.last().is_none_or(|last| entries.get(self.rendered.len() - 1).is_some_and(|e| e.id == last.id));
+            && self
+                .rendered
+                .last()
+                .is_none_or(|last| entries.get(self.rendered.len() - 1).is_some_and(|e| e.id == last.id));
         if !extends {
             self.generation = generation;
             self.rendered.clear();
-            self.position.clear();
             self.tier2_tokens = 0;
             self.last_summary = None;
+            // Headroom, so the appends that follow a rebuild do not reallocate the whole history.
+            let headroom = entries.len() / 2 + 64;
+            self.rendered.reserve(entries.len() + headroom);
             let live: std::collections::HashSet<EntryId> = entries.iter().map(|e| e.id).collect();
             self.treatments.retain(|id, _| live.contains(id));
             for entry in entries {
@@ -234,7 +237,6 @@ impl ContextCompiler {
         if entry.id.kind() == EntryKind::Summary {
             self.last_summary = Some(self.rendered.len());
         }
-        self.position.insert(entry.id, self.rendered.len());
         self.rendered.push(rendered);
     }
 
@@ -245,8 +247,12 @@ impl ContextCompiler {
         entries: &[Entry],
         counter: &TokenCounter,
     ) -> Result<(), CompileError> {
+        // Batches are rare (they rewrite the cached prompt), so the index is built per batch instead
+        // of being maintained on every append.
+        let position: HashMap<EntryId, usize> =
+            self.rendered.iter().enumerate().map(|(index, rendered)| (rendered.id, index)).collect();
         for (id, treatment) in batch {
-            let index = *self.position.get(&id).ok_or(CompileError::UnknownEntry(id))?;
+            let index = *position.get(&id).ok_or(CompileError::UnknownEntry(id))?;
             let entry = entries.get(index).filter(|e| e.id == id).ok_or(CompileError::UnknownEntry(id))?;
             let old = &self.rendered[index];
             if old.included {

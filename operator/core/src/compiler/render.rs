@@ -30,7 +30,11 @@ pub fn render_entry(entry: &Entry, treatment: Option<&Treatment>, counter: &Toke
         id: entry.id,
         role: entry.role,
         text,
-        tool_calls: if included && entry.role == Role::Assistant { entry.content.tool_calls.clone() } else { Vec::new() },
+        tool_calls: if included && entry.role == Role::Assistant {
+            entry.content.tool_calls.clone()
+        } else {
+            Vec::new()
+        },
         answers_calls,
         tokens,
         source_hash: entry.content_hash.clone(),

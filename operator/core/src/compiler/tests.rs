@@ -14,7 +14,9 @@ fn counter() -> TokenCounter {
 fn prefix(counter: &TokenCounter) -> StablePrefix {
     let sources = StablePrefixSources {
         system_prompt: "You are builder, the fleet's implementation agent.".into(),
-        tools: vec![serde_json::json!({"name": "read_file", "description": "Read a file", "parameters": {"type": "object"}})],
+        tools: vec![
+            serde_json::json!({"name": "read_file", "description": "Read a file", "parameters": {"type": "object"}}),
+        ],
         constants: BTreeMap::from([("project".to_string(), "rateright-growth".to_string())]),
     };
     StablePrefix::build(&sources, &mut ToolRegistry::new(), counter).unwrap()
@@ -25,7 +27,11 @@ fn entry(number: u64, kind: EntryKind, role: Role, text: &str, counter: &TokenCo
         Content {
             text: String::new(),
             tool_calls: Vec::new(),
-            tool_results: vec![ToolResult { call_id: format!("call_{number}"), name: Some("read_file".into()), output: text.into() }],
+            tool_results: vec![ToolResult {
+                call_id: format!("call_{number}"),
+                name: Some("read_file".into()),
+                output: text.into(),
+            }],
         }
     } else {
         Content::text(text)
@@ -45,9 +51,17 @@ fn entry(number: u64, kind: EntryKind, role: Role, text: &str, counter: &TokenCo
 fn history(counter: &TokenCounter, n: u64) -> Vec<Entry> {
     (1..=n)
         .map(|i| match i % 3 {
-            1 => entry(i, EntryKind::Message, Role::User, &format!("Please fix issue {i} in auth.py"), counter),
+            1 => {
+                entry(i, EntryKind::Message, Role::User, &format!("Please fix issue {i} in auth.py"), counter)
+            }
             2 => entry(i, EntryKind::Message, Role::Assistant, &format!("Looking at step {i}."), counter),
-            _ => entry(i, EntryKind::ToolResult, Role::Tool, &"def login(user):\n    return check(user)\n".repeat(i as usize), counter),
+            _ => entry(
+                i,
+                EntryKind::ToolResult,
+                Role::Tool,
+                &"def login(user):\n    return check(user)\n".repeat(i as usize),
+                counter,
+            ),
         })
         .collect()
 }
@@ -95,14 +109,19 @@ fn a_new_generation_rebuilds() {
     let entries = history(&counter, 9);
     let mut compiler = ContextCompiler::new(prefix(&counter), BreakpointPlacement::Auto);
     compiler.sync(1, &entries, &counter);
-    let mut compacted = vec![entry(10, EntryKind::Summary, Role::User, "Summary: issues 1-9 fixed.", &counter)];
+    let mut compacted =
+        vec![entry(10, EntryKind::Summary, Role::User, "Summary: issues 1-9 fixed.", &counter)];
     compacted.extend_from_slice(&entries[7..]);
     assert_eq!(compiler.sync(2, &compacted, &counter), SyncOutcome::Rebuilt(3));
     let packet = compiler.compile(128_000, BudgetPolicy::default()).unwrap();
     assert_eq!(packet.entries[0].text, "[summary_10] Summary: issues 1-9 fixed.");
     assert_eq!(
         packet.breakpoints,
-        vec![Breakpoint::Tier1, Breakpoint::Entry { id: compacted[0].id }, Breakpoint::Entry { id: compacted[2].id }]
+        vec![
+            Breakpoint::Tier1,
+            Breakpoint::Entry { id: compacted[0].id },
+            Breakpoint::Entry { id: compacted[2].id }
+        ]
     );
     // Same generation, but the history no longer extends what was rendered: rebuild too.
     let rewritten = history(&counter, 2);
@@ -118,7 +137,13 @@ fn treatments_change_only_their_entries() {
     let before = compiler.context_tokens();
     let big = entries[8].id; // tool_res_9, the largest
     let batch = BTreeMap::from([
-        (big, Treatment::Replace { text: "def login(user): … [elided]".into(), reason: InclusionReason::Elided }),
+        (
+            big,
+            Treatment::Replace {
+                text: "def login(user): … [elided]".into(),
+                reason: InclusionReason::Elided,
+            },
+        ),
         (entries[0].id, Treatment::Omit),
     ]);
     compiler.apply_treatments(batch, &entries, &counter).unwrap();
@@ -127,13 +152,22 @@ fn treatments_change_only_their_entries() {
     assert!(!packet.entries[0].included);
     assert_eq!(packet.entries[8].reason, InclusionReason::Elided);
     assert_eq!(packet.entries[8].text, "[tool_res_9] def login(user): … [elided]");
-    assert_eq!(packet.entries[1], ContextCompiler::new(prefix(&counter), BreakpointPlacement::Auto).tap_sync(&entries, &counter)[1]);
+    assert_eq!(
+        packet.entries[1],
+        ContextCompiler::new(prefix(&counter), BreakpointPlacement::Auto).tap_sync(&entries, &counter)[1]
+    );
     // Treatments survive later appends and rebuilds of the same generation.
     let more = history(&counter, 12);
     compiler.sync(1, &more, &counter);
-    assert_eq!(compiler.compile(128_000, BudgetPolicy::default()).unwrap().entries[8].reason, InclusionReason::Elided);
+    assert_eq!(
+        compiler.compile(128_000, BudgetPolicy::default()).unwrap().entries[8].reason,
+        InclusionReason::Elided
+    );
     let unknown = BTreeMap::from([(EntryId::new(EntryKind::Message, 999), Treatment::Omit)]);
-    assert!(matches!(compiler.apply_treatments(unknown, &more, &counter), Err(CompileError::UnknownEntry(_))));
+    assert!(matches!(
+        compiler.apply_treatments(unknown, &more, &counter),
+        Err(CompileError::UnknownEntry(_))
+    ));
 }
 
 impl ContextCompiler {
@@ -165,7 +199,12 @@ fn levels_follow_the_budget() {
     let mut compiler = ContextCompiler::new(prefix(&counter), BreakpointPlacement::Auto);
     compiler.sync(1, &entries, &counter);
     let used = compiler.context_tokens() + render::TELEMETRY_TOKENS;
-    let policy = BudgetPolicy { reserved_completion_tokens: 0, protocol_overhead_tokens: 0, safety_margin_tokens: 0, ..BudgetPolicy::default() };
+    let policy = BudgetPolicy {
+        reserved_completion_tokens: 0,
+        protocol_overhead_tokens: 0,
+        safety_margin_tokens: 0,
+        ..BudgetPolicy::default()
+    };
     let limit = used * 100 / 91; // about 91% used: HighRisk
     let packet = compiler.compile(limit, policy).unwrap();
     assert!(packet.telemetry.ends_with("| Level: HighRisk"), "{}", packet.telemetry);

@@ -113,6 +113,9 @@ pub fn plan_elision(
     pricing: CachePricing,
 ) -> Option<ElisionBatch> {
     let ages = rounds_after(entries);
+    // Planning runs on every request, so it must not re-tokenize or hash outputs: the entry's stored
+    // token count is split across its outputs by characters, and the marker line is counted once.
+    let marker_tokens = tokens_of(&render_elided("", policy.elide_keep_chars, &ArtifactRef::for_bytes(b"")));
     let mut ids = Vec::new();
     let mut first_changed_index = None;
     let mut saved_tokens = 0u64;
@@ -123,13 +126,7 @@ pub fn plan_elision(
         {
             continue;
         }
-        for result in &entry.content.tool_results {
-            if is_elidable(&result.output, policy) {
-                let data_ref = ArtifactRef::for_bytes(result.output.as_bytes());
-                let elided = render_elided(&result.output, policy.elide_keep_chars, &data_ref);
-                saved_tokens += tokens_of(&result.output).saturating_sub(tokens_of(&elided));
-            }
-        }
+        saved_tokens += estimated_saving(entry, policy, marker_tokens);
         first_changed_index.get_or_insert(index);
         ids.push(entry.id);
     }
@@ -143,6 +140,23 @@ pub fn plan_elision(
     );
     (economics.pays() && economics.expected_saving >= policy.payback_ratio * economics.rewrite_cost)
         .then_some(ElisionBatch { ids, saved_tokens, first_changed_index, economics })
+}
+
+/// Tokens eliding `entry` would save: each elidable output's share of the entry's tokens (by
+/// characters), less the share of the kept head and the marker line.
+fn estimated_saving(entry: &Entry, policy: &ElisionPolicy, marker_tokens: u64) -> u64 {
+    let lengths: Vec<usize> = entry.content.tool_results.iter().map(|r| r.output.chars().count()).collect();
+    let total_chars = (entry.content.text.chars().count() + lengths.iter().sum::<usize>()).max(1) as u64;
+    let mut saved = 0u64;
+    for (result, &chars) in entry.content.tool_results.iter().zip(&lengths) {
+        if !is_elidable(&result.output, policy) {
+            continue;
+        }
+        let share = entry.tokens * chars as u64 / total_chars;
+        let kept = share * (policy.elide_keep_chars.min(chars) as u64) / (chars.max(1) as u64);
+        saved += share.saturating_sub(kept + marker_tokens);
+    }
+    saved
 }
 
 /// The window text of an elided output: its first `keep_chars` characters and a ref line.
