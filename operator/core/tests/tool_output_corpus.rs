@@ -4,79 +4,22 @@
 //! swe-gemini3`). Tool outputs are the `user` messages that start with `<returncode>`.
 #![allow(clippy::unwrap_used)]
 
+mod support;
+
+use support::{corpus_files, load, tokens_of};
+
 use std::collections::{HashMap, HashSet};
-use std::path::{Path, PathBuf};
+
 use std::sync::Arc;
 
 use strata_core::artifacts::{ArtifactRef, ArtifactStore};
 use strata_core::dedup::{MIN_DEDUP_CHARS, find_duplicates};
 use strata_core::economics::CachePricing;
-use strata_core::entry::{Content, Entry, EntryDraft, EntryId, EntryKind, RetentionClass, Role, ToolResult};
+use strata_core::entry::{Entry, EntryId, Role};
 use strata_core::journal::sim::SimStorage;
 use strata_core::tool_output::{
     ElisionPolicy, ReadRequest, SpillPolicy, plan_elision, read_output, render_elided, spill,
 };
-
-fn tokens_of(text: &str) -> u64 {
-    (text.chars().count() as u64).div_ceil(4)
-}
-
-fn corpus_files() -> Vec<PathBuf> {
-    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../../shared/corpus/swe-gemini3");
-    let listing = std::fs::read_dir(&dir).unwrap_or_else(|e| {
-        panic!("corpus directory {} is required for this test (CI provides it): {e}", dir.display())
-    });
-    let mut files: Vec<PathBuf> =
-        listing.map(|e| e.unwrap().path()).filter(|p| p.extension().is_some_and(|x| x == "json")).collect();
-    files.sort();
-    assert!(!files.is_empty(), "no *.json trajectories in {}", dir.display());
-    files
-}
-
-/// One trajectory as journal entries; `<returncode>` user messages become tool results.
-fn load(path: &Path) -> Vec<Entry> {
-    let json: serde_json::Value = serde_json::from_slice(&std::fs::read(path).unwrap()).unwrap();
-    let messages =
-        json["messages"].as_array().unwrap_or_else(|| panic!("{}: no messages array", path.display()));
-    messages
-        .iter()
-        .enumerate()
-        .map(|(n, message)| {
-            let text = message["content"].as_str().unwrap_or_default().to_owned();
-            let (kind, role, content) = match message["role"].as_str() {
-                Some("assistant") => (EntryKind::ToolCall, Role::Assistant, Content::text(text)),
-                Some("system") => (EntryKind::Message, Role::System, Content::text(text)),
-                _ if text.starts_with("<returncode>") => (
-                    EntryKind::ToolResult,
-                    Role::Tool,
-                    Content {
-                        text: String::new(),
-                        tool_calls: vec![],
-                        tool_results: vec![ToolResult {
-                            call_id: format!("c{n}"),
-                            name: Some("bash".into()),
-                            output: text,
-                        }],
-                    },
-                ),
-                _ => (EntryKind::Message, Role::User, Content::text(text)),
-            };
-            let tokens = tokens_of(&content.text)
-                + content.tool_results.iter().map(|r| tokens_of(&r.output)).sum::<u64>()
-                + 4;
-            EntryDraft {
-                kind,
-                role,
-                content,
-                retention: RetentionClass::Working,
-                created_at_ms: n as u64,
-                tokens,
-                artifact_refs: vec![],
-            }
-            .into_entry(n as u64)
-        })
-        .collect()
-}
 
 fn outputs(entries: &[Entry]) -> impl Iterator<Item = &str> {
     entries.iter().flat_map(|e| e.content.tool_results.iter().map(|r| r.output.as_str()))
