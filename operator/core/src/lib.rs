@@ -16,6 +16,7 @@ pub mod journal;
 pub mod prefix;
 pub mod purge;
 pub mod redaction;
+pub mod replay;
 pub mod retention;
 pub mod tokens;
 pub mod tool_output;

@@ -34,12 +34,9 @@ pub fn check_preservation(prepared: &PreparedCompaction, state: &CompactedState)
     for id in &prepared.critical {
         let kept = prepared.retained.contains(id);
         let named = mentioned.contains(&id.to_string());
-        let quoted = prepared
-            .snapshot
-            .entries
-            .iter()
-            .find(|entry| entry.id == *id)
-            .is_some_and(|entry| !entry.content.text.is_empty() && state_json.contains(&json_escaped(&entry.content.text)));
+        let quoted = prepared.snapshot.entries.iter().find(|entry| entry.id == *id).is_some_and(|entry| {
+            !entry.content.text.is_empty() && state_json.contains(&json_escaped(&entry.content.text))
+        });
         if !(kept || named || quoted) {
             missing.push(format!("critical entry {id} is neither kept, referenced by ID, nor quoted"));
         }
@@ -56,7 +53,8 @@ pub fn check_preservation(prepared: &PreparedCompaction, state: &CompactedState)
         }
     }
     for action in &findings.pending_actions {
-        let present = state.tool_state.pending_actions.iter().any(|candidate| candidate.call_id == action.call_id);
+        let present =
+            state.tool_state.pending_actions.iter().any(|candidate| candidate.call_id == action.call_id);
         if !present {
             missing.push(format!(
                 "pending tool action {} ({} in {}) is missing from tool_state.pending_actions",
@@ -66,14 +64,20 @@ pub fn check_preservation(prepared: &PreparedCompaction, state: &CompactedState)
     }
     for field in &prepared.request.settings.required_fields {
         if has_signal(prepared, *field) && !field.is_filled(state) {
-            missing.push(format!("required field {} is empty but the source has signals for it", field.json_name()));
+            missing.push(format!(
+                "required field {} is empty but the source has signals for it",
+                field.json_name()
+            ));
         }
     }
     if state.resume_instruction.trim().is_empty() {
         missing.push("resume_instruction is empty".into());
     }
-    let preserved_fields =
-        StateField::ALL.iter().filter(|field| field.is_filled(state)).map(|field| field.json_name().to_owned()).collect();
+    let preserved_fields = StateField::ALL
+        .iter()
+        .filter(|field| field.is_filled(state))
+        .map(|field| field.json_name().to_owned())
+        .collect();
     QualityReport { preserved_fields, missing_items: missing }
 }
 
@@ -102,7 +106,9 @@ fn has_signal(prepared: &PreparedCompaction, field: StateField) -> bool {
         StateField::Decisions => !findings.decisions.is_empty(),
         StateField::OpenQuestions => !findings.open_questions.is_empty(),
         StateField::ToolState => {
-            !(findings.pending_actions.is_empty() && findings.side_effects.is_empty() && findings.approvals.is_empty())
+            !(findings.pending_actions.is_empty()
+                && findings.side_effects.is_empty()
+                && findings.approvals.is_empty())
         }
         StateField::EvidenceRefs => !input.delta.is_empty(),
         StateField::PrivacyScope => !input.privacy_scope.trim().is_empty(),

@@ -8,7 +8,7 @@ use crate::economics::CachePricing;
 use crate::entry::{Content, Entry, EntryDraft, EntryId, EntryKind, RetentionClass, Role};
 use crate::journal::{
     BaselineEntry, CompactionProposal, GenerationOrigin, Journal, JournalView, Snapshot, Storage, Watermark,
-    read_current_generation, read_generation,
+    generation_dir_name, read_current_generation, read_generation,
 };
 use crate::purge::{PurgeRequest, plan_purge, summary_text};
 use crate::tokens::TokenCounter;
@@ -22,6 +22,8 @@ use super::state::CompactedState;
 
 /// Directory (inside the data directory) holding compaction records, one JSON file each.
 pub const RECORDS_DIR: &str = "compactions";
+/// Directory (inside the data directory) the writer reads compaction proposals from (FORMAT.md).
+pub const PROPOSALS_DIR: &str = "proposals";
 
 /// What became of a summarised compaction.
 #[derive(Debug, Clone)]
@@ -112,7 +114,8 @@ impl PreparedCompaction {
             &summary_hash,
             &now.to_string(),
         ]);
-        let mut baseline: Vec<BaselineEntry> = self.input.retained.iter().copied().map(BaselineEntry::Keep).collect();
+        let mut baseline: Vec<BaselineEntry> =
+            self.input.retained.iter().copied().map(BaselineEntry::Keep).collect();
         let summary_position = baseline.len();
         baseline.push(BaselineEntry::New(summary));
         baseline.push(BaselineEntry::New(resume));
@@ -185,7 +188,8 @@ impl ReadyCompaction {
 
     /// Commits through the writer; entries appended since the snapshot are carried over.
     pub fn commit(self, journal: &mut Journal, now_ms: u64) -> Result<CompactionRecord, CompactionError> {
-        let snapshot = Snapshot { generation: self.generation, watermark: self.watermark, entries: Vec::new() };
+        let snapshot =
+            Snapshot { generation: self.generation, watermark: self.watermark, entries: Vec::new() };
         let switch = journal.commit_generation(&snapshot, self.baseline, now_ms)?;
         let summary_id = journal.entries().get(self.summary_position).map(|entry| entry.id);
         let mut record = self.record;
@@ -202,6 +206,36 @@ impl ReadyCompaction {
             baseline: self.baseline.clone(),
             created_at_ms: now_ms,
         }
+    }
+
+    /// Publishes the proposal for the writer of another process, durably: the file is written and
+    /// fsynced under `compactions/`, then renamed into `proposals/` (the writer's `refresh` deletes
+    /// anything else it finds in `proposals/`, including a half-written temporary file there).
+    pub fn publish(
+        &self,
+        storage: &dyn Storage,
+        dir: &Path,
+        now_ms: u64,
+    ) -> Result<PathBuf, CompactionError> {
+        let staging = dir.join(RECORDS_DIR);
+        let proposals = dir.join(PROPOSALS_DIR);
+        let name = format!("compaction-{}.json", generation_dir_name(self.generation));
+        let tmp = staging.join(format!("{name}.proposal.tmp"));
+        let path = proposals.join(&name);
+        let fail = |path: &Path| {
+            let path = path.to_path_buf();
+            move |source| CompactionError::Record { path, source }
+        };
+        let bytes = serde_json::to_vec(&self.proposal(now_ms))?;
+        storage.create_dir_all(&staging).map_err(fail(&staging))?;
+        storage.create_dir_all(&proposals).map_err(fail(&proposals))?;
+        storage.sync_dir(dir).map_err(fail(dir))?;
+        storage.write_file(&tmp, &bytes).map_err(fail(&tmp))?;
+        storage.sync_file(&tmp).map_err(fail(&tmp))?;
+        storage.rename(&tmp, &path).map_err(fail(&path))?;
+        storage.sync_dir(&proposals).map_err(fail(&proposals))?;
+        storage.sync_dir(&staging).map_err(fail(&staging))?;
+        Ok(path)
     }
 
     /// The source generation of the proposal.
@@ -304,7 +338,8 @@ pub fn prepare_purge(
     let reason = reason.map(str::to_owned);
     let placeholder = purge_draft(String::new(), None, 0, now_ms);
     plan_purge(snapshot, request, placeholder, 0, CachePricing::OPENAI)?;
-    let removed: Vec<&Entry> = snapshot.entries.iter().filter(|entry| request.ids.contains(&entry.id)).collect();
+    let removed: Vec<&Entry> =
+        snapshot.entries.iter().filter(|entry| request.ids.contains(&entry.id)).collect();
     let removed_ids: Vec<EntryId> = removed.iter().map(|entry| entry.id).collect();
     let archive = store.put(tenant, &serde_json::to_vec(&removed)?)?;
     let text = summary_text(&removed_ids, &request.summary, &archive);
@@ -421,7 +456,11 @@ pub fn rollback(
 
 /// Writes `record` durably to `<dir>/compactions/<id>.json` (temp file, fsync, rename, directory
 /// fsync), beside the journal; failed checks are recorded too.
-pub fn write_record(storage: &dyn Storage, dir: &Path, record: &CompactionRecord) -> Result<PathBuf, CompactionError> {
+pub fn write_record(
+    storage: &dyn Storage,
+    dir: &Path,
+    record: &CompactionRecord,
+) -> Result<PathBuf, CompactionError> {
     let records = dir.join(RECORDS_DIR);
     let name = format!("{}.json", record.compaction_id.replace(':', "-"));
     let path = records.join(&name);

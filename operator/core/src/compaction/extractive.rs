@@ -3,7 +3,7 @@
 
 use super::findings::{MAX_ITEM_CHARS, clip};
 use super::state::{CompactedState, EvidenceRefs, SourcedItem, ToolState};
-use super::summarizer::{SummaryFuture, SummaryInput, Summarizer};
+use super::summarizer::{Summarizer, SummaryFuture, SummaryInput};
 
 /// The service version recorded for extractive compactions.
 pub const EXTRACTIVE_VERSION: &str = "strata-extractive/1";
@@ -88,7 +88,8 @@ impl ExtractiveSummarizer {
 /// The last `max` distinct values, in their original order.
 fn newest_distinct(values: Vec<String>, max: usize) -> Vec<String> {
     let mut seen = std::collections::HashSet::new();
-    let mut kept: Vec<String> = values.into_iter().rev().filter(|v| seen.insert(v.clone())).take(max).collect();
+    let mut kept: Vec<String> =
+        values.into_iter().rev().filter(|v| seen.insert(v.clone())).take(max).collect();
     kept.reverse();
     kept
 }
@@ -119,7 +120,11 @@ fn project_summary(previous: &str, input: &SummaryInput) -> String {
         summary.push_str(&format!(" Changed files: {}.", files.join(", ")));
     }
     if let Some(request) = &input.findings.current_request {
-        summary.push_str(&format!(" Latest request ({}): {}", request.source_ids.join(","), clip(&request.text, MAX_ITEM_CHARS)));
+        summary.push_str(&format!(
+            " Latest request ({}): {}",
+            request.source_ids.join(","),
+            clip(&request.text, MAX_ITEM_CHARS)
+        ));
     }
     summary
 }
@@ -131,7 +136,10 @@ const MAX_LIST_ITEMS: usize = 200;
 /// questions, pending tool actions, the objective, the request and files changed by a diff are
 /// never dropped; the project summary says how much was omitted.
 fn fit_to_budget(state: &mut CompactedState, input: &SummaryInput, max_tokens: u64) {
-    let limit = usize::try_from(max_tokens.saturating_mul(4)).unwrap_or(usize::MAX);
+    // Room for the sentence that reports the omission.
+    const NOTE_BYTES: usize = 160;
+    let limit =
+        usize::try_from(max_tokens.saturating_mul(4)).unwrap_or(usize::MAX).saturating_sub(NOTE_BYTES);
     let protected_files = input.findings.diff_files.len().min(state.affected_files.len());
     let mut omitted = 0usize;
     for list in trimmable(state) {

@@ -103,7 +103,11 @@ pub fn clip(text: &str, max: usize) -> String {
 
 /// Runs the pattern pass over `delta` (the entries since the previous state, in journal order),
 /// starting from `previous`. `answered_calls` are call IDs answered anywhere in the snapshot.
-pub fn find(previous: Option<&CompactedState>, delta: &[&Entry], answered_calls: &HashSet<String>) -> Findings {
+pub fn find(
+    previous: Option<&CompactedState>,
+    delta: &[&Entry],
+    answered_calls: &HashSet<String>,
+) -> Findings {
     let empty = CompactedState::default();
     let previous_state = previous.unwrap_or(&empty);
     let mut constraints = ItemList::seeded(&previous_state.hard_constraints);
@@ -134,15 +138,19 @@ pub fn find(previous: Option<&CompactedState>, delta: &[&Entry], answered_calls:
     for entry in delta {
         let tool_output = signals::is_tool_output(entry);
         artifact_refs.extend(entry.artifact_refs.iter().cloned());
+        let files = signals::diff_files(&entry.content.text);
+        if !files.is_empty() {
+            evidence.insert(entry.id);
+            diff_files.extend(files);
+        }
         if tool_output {
             latest_tool_output = Some(entry);
-            let files = signals::diff_files(&entry.content.text);
-            if !files.is_empty() {
-                evidence.insert(entry.id);
-            }
-            diff_files.extend(files);
             for result in &entry.content.tool_results {
-                diff_files.extend(signals::diff_files(&result.output));
+                let files = signals::diff_files(&result.output);
+                if !files.is_empty() {
+                    evidence.insert(entry.id);
+                    diff_files.extend(files);
+                }
                 for question in signals::envelope_open_questions(&result.output) {
                     questions.push(&question, entry.id);
                     evidence.insert(entry.id);
@@ -215,7 +223,9 @@ pub fn find(previous: Option<&CompactedState>, delta: &[&Entry], answered_calls:
             let text = signals::strip_bullet(line);
             evidence.insert(entry.id);
             match signal {
-                LineSignal::Objective => findings.objective = Some(SourcedItem::new(clip(text, MAX_ITEM_CHARS), entry.id)),
+                LineSignal::Objective => {
+                    findings.objective = Some(SourcedItem::new(clip(text, MAX_ITEM_CHARS), entry.id))
+                }
                 LineSignal::Decision => decisions.push(text, entry.id),
                 LineSignal::Constraint => constraints.push(text, entry.id),
                 LineSignal::Question => questions.push(text, entry.id),

@@ -31,7 +31,8 @@ mod summarizer;
 
 pub use check::{QualityReport, check_preservation};
 pub use engine::{
-    Conclusion, PurgeJob, RECORDS_DIR, ReadyCompaction, compact_extractive, prepare_purge, rollback, write_record,
+    Conclusion, PROPOSALS_DIR, PurgeJob, RECORDS_DIR, ReadyCompaction, compact_extractive, prepare_purge,
+    rollback, write_record,
 };
 pub use error::CompactionError;
 pub use extractive::{EXTRACTIVE_VERSION, ExtractiveSummarizer};

@@ -58,7 +58,9 @@ impl std::str::FromStr for CompactionMode {
         ]
         .into_iter()
         .find(|mode| mode.as_str().eq_ignore_ascii_case(text))
-        .ok_or_else(|| format!("unknown mode {text:?}; use TaskBoundary, Budget, Emergency, Rollback or Purge"))
+        .ok_or_else(|| {
+            format!("unknown mode {text:?}; use TaskBoundary, Budget, Emergency, Rollback or Purge")
+        })
     }
 }
 
@@ -125,16 +127,20 @@ impl PreparedCompaction {
     pub fn new(snapshot: Snapshot, request: CompactionRequest) -> Self {
         let entries = &snapshot.entries;
         let previous_position = entries.iter().rposition(is_state_entry);
-        let previous = previous_position
-            .and_then(|position| serde_json::from_str::<CompactedState>(&entries[position].content.text).ok());
+        let previous = previous_position.and_then(|position| {
+            serde_json::from_str::<CompactedState>(&entries[position].content.text).ok()
+        });
         let delta_start = previous_position.map_or(0, |position| position + 1);
-        let delta: Vec<&Entry> =
-            entries[delta_start..].iter().filter(|entry| entry.retention != RetentionClass::Ephemeral).collect();
+        let delta: Vec<&Entry> = entries[delta_start..]
+            .iter()
+            .filter(|entry| entry.retention != RetentionClass::Ephemeral)
+            .collect();
         let answered: HashSet<String> = entries
             .iter()
             .flat_map(|entry| entry.content.tool_results.iter().map(|result| result.call_id.clone()))
             .collect();
-        let retained = retained_entries(entries, previous_position, &answered, request.settings.keep_recent_entries);
+        let retained =
+            retained_entries(entries, previous_position, &answered, request.settings.keep_recent_entries);
         let critical: Vec<EntryId> = entries
             .iter()
             .enumerate()
@@ -213,7 +219,8 @@ fn retained_entries(
     let mut retained: HashSet<EntryId> = HashSet::new();
     for (position, entry) in entries.iter().enumerate() {
         let unanswered = entry.content.tool_calls.iter().any(|call| !answered.contains(&call.call_id));
-        if (entry.retention == RetentionClass::Critical && Some(position) != previous_position) || unanswered {
+        if (entry.retention == RetentionClass::Critical && Some(position) != previous_position) || unanswered
+        {
             retained.insert(entry.id);
         }
     }
@@ -242,14 +249,17 @@ fn retained_entries(
     let mut frontier: Vec<EntryId> = retained.iter().copied().collect();
     while let Some(id) = frontier.pop() {
         let Some(entry) = by_id.get(&id) else { continue };
-        let partners = entry
-            .content
-            .tool_results
-            .iter()
-            .filter_map(|result| call_holder.get(result.call_id.as_str()).copied())
-            .chain(entry.content.tool_calls.iter().flat_map(|call| {
-                result_holders.get(call.call_id.as_str()).cloned().unwrap_or_default()
-            }));
+        let partners =
+            entry
+                .content
+                .tool_results
+                .iter()
+                .filter_map(|result| call_holder.get(result.call_id.as_str()).copied())
+                .chain(
+                    entry.content.tool_calls.iter().flat_map(|call| {
+                        result_holders.get(call.call_id.as_str()).cloned().unwrap_or_default()
+                    }),
+                );
         let new: BTreeSet<EntryId> = partners.filter(|partner| !retained.contains(partner)).collect();
         for partner in new {
             retained.insert(partner);

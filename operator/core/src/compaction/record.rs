@@ -151,7 +151,8 @@ impl CompactionRecord {
                 &mut record.preserved_fields,
                 &mut record.source_span_ids,
             ];
-            let Some(longest) = lists.into_iter().filter(|list| !list.is_empty()).max_by_key(|list| list.len())
+            let Some(longest) =
+                lists.into_iter().filter(|list| !list.is_empty()).max_by_key(|list| list.len())
             else {
                 break;
             };
@@ -161,7 +162,8 @@ impl CompactionRecord {
         }
         if json.len() > limit {
             record.reason = None;
-            record.missing_items = vec![format!("{} items missing; see the full record", self.missing_items.len())];
+            record.missing_items =
+                vec![format!("{} items missing; see the full record", self.missing_items.len())];
             json = encode(&record);
         }
         json

@@ -124,7 +124,8 @@ pub fn file_paths(text: &str) -> Vec<String> {
     for captures in path.captures_iter(text) {
         let Some(matched) = captures.get(1) else { continue };
         let candidate = matched.as_str().trim_start_matches("./");
-        let candidate = candidate.strip_prefix("a/").or_else(|| candidate.strip_prefix("b/")).unwrap_or(candidate);
+        let candidate =
+            candidate.strip_prefix("a/").or_else(|| candidate.strip_prefix("b/")).unwrap_or(candidate);
         if !candidate.is_empty() && !candidate.contains("://") {
             found.push(candidate.to_owned());
         }
@@ -253,7 +254,10 @@ mod tests {
         assert_eq!(classify(Role::Tool, true, "# TODO: refactor"), None);
         assert_eq!(classify(Role::Assistant, false, "TODO: add a test"), Some(LineSignal::Todo));
         assert_eq!(classify(Role::User, false, "LGTM, go ahead"), Some(LineSignal::Approval));
-        assert_eq!(classify(Role::User, false, "Resolved: region is eu-west-1"), Some(LineSignal::Resolution));
+        assert_eq!(
+            classify(Role::User, false, "Resolved: region is eu-west-1"),
+            Some(LineSignal::Resolution)
+        );
     }
 
     #[test]

@@ -157,7 +157,9 @@ impl StateField {
             StateField::OpenQuestions => !state.open_questions.is_empty(),
             StateField::ToolState => {
                 let tools = &state.tool_state;
-                !(tools.pending_actions.is_empty() && tools.approvals.is_empty() && tools.side_effects.is_empty())
+                !(tools.pending_actions.is_empty()
+                    && tools.approvals.is_empty()
+                    && tools.side_effects.is_empty())
             }
             StateField::EvidenceRefs => {
                 !(state.evidence_refs.entry_ids.is_empty() && state.evidence_refs.artifact_refs.is_empty())
@@ -185,7 +187,9 @@ pub enum StateValidationError {
         value: String,
     },
     /// An artifact reference that is not `art:sha256:<hex>`.
-    #[error("evidence_refs.artifact_refs holds {0:?}, which is not an artifact reference art:sha256:<64 hex>")]
+    #[error(
+        "evidence_refs.artifact_refs holds {0:?}, which is not an artifact reference art:sha256:<64 hex>"
+    )]
     BadArtifactRef(String),
     /// A list item without text.
     #[error("{0} has an item with empty text; drop it or fill it")]
@@ -267,8 +271,7 @@ impl CompactedState {
 
 fn check_ids(field: &'static str, ids: &[String]) -> Result<(), StateValidationError> {
     for id in ids {
-        id.parse::<EntryId>()
-            .map_err(|_| StateValidationError::BadEntryId { field, value: id.clone() })?;
+        id.parse::<EntryId>().map_err(|_| StateValidationError::BadEntryId { field, value: id.clone() })?;
     }
     Ok(())
 }

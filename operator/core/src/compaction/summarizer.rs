@@ -45,7 +45,8 @@ pub enum SummarizeError {
 }
 
 /// A summariser's pending answer.
-pub type SummaryFuture<'a> = Pin<Box<dyn Future<Output = Result<CompactedState, SummarizeError>> + Send + 'a>>;
+pub type SummaryFuture<'a> =
+    Pin<Box<dyn Future<Output = Result<CompactedState, SummarizeError>> + Send + 'a>>;
 
 /// Produces a CompactedState from a [`SummaryInput`].
 pub trait Summarizer: Send + Sync {
@@ -67,7 +68,10 @@ pub fn render_entry_for_prompt(entry: &Entry, max_chars: usize) -> String {
     };
     let mut body = entry.content.text.clone();
     for call in &entry.content.tool_calls {
-        body.push_str(&format!("\n<tool_call id={} name={}>{}</tool_call>", call.call_id, call.name, call.arguments_json));
+        body.push_str(&format!(
+            "\n<tool_call id={} name={}>{}</tool_call>",
+            call.call_id, call.name, call.arguments_json
+        ));
     }
     for result in &entry.content.tool_results {
         body.push_str(&format!("\n<tool_result id={}>{}</tool_result>", result.call_id, result.output));

@@ -89,6 +89,10 @@ impl Journal {
         names.sort();
         let mut switch = None;
         for name in names {
+            // A `.tmp` is a proposal another process is still writing: leave it to its rename.
+            if name.ends_with(".tmp") {
+                continue;
+            }
             let path = proposals.join(&name);
             let wanted = switch.is_none() && name == proposal_name(self.generation());
             if wanted {

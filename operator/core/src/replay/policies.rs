@@ -1,0 +1,201 @@
+//! The context policies replay compares: what each one sends on every call.
+//!
+//! The anchors are the policies people use today, implemented as published:
+//! - **naive**: the full history, every call.
+//! - **observation-masking** (JetBrains, "The Complexity Trap", 2025): tool observations older than
+//!   the last `observation_keep` are replaced by a one-line placeholder; everything else is kept.
+//! - **clear-tool-uses** (Anthropic context editing, `clear_tool_uses_20250919`): once the prompt
+//!   exceeds `clear_trigger_tokens`, every tool result but the last `clear_keep` is replaced by a
+//!   placeholder; cleared results stay cleared.
+//! - **seed-002** (a production agent's optimisations): tool results over 8000 characters are spilled
+//!   to a preview (60 lines / 4000 characters + a reference); results older than 4 rounds and over
+//!   2000 characters are cut to their first 800 characters, re-evaluated every round.
+//! - **strata**: the real engine (see [`super::simulate`]).
+//!
+//! Every policy places Anthropic cache breakpoints the way a well-configured client does: after
+//! the system prompt and at the end of the prompt.
+
+use serde::Serialize;
+
+use crate::artifacts::ArtifactRef;
+use crate::tool_output::spill::render_spilled;
+use crate::tool_output::{SpillPolicy, render_elided};
+
+use super::transcript::TranscriptMessage;
+
+/// A context policy.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum PolicyKind {
+    /// The full history.
+    Naive,
+    /// JetBrains' observation masking.
+    ObservationMasking,
+    /// Anthropic's clear-tool-uses context editing.
+    ClearToolUses,
+    /// Seed 002's spill and sliding elision.
+    Seed002,
+    /// The Strata engine.
+    Strata,
+}
+
+impl PolicyKind {
+    /// Every policy, in report order.
+    pub const ALL: [PolicyKind; 5] = [
+        PolicyKind::Naive,
+        PolicyKind::ObservationMasking,
+        PolicyKind::ClearToolUses,
+        PolicyKind::Seed002,
+        PolicyKind::Strata,
+    ];
+
+    /// The report name.
+    pub fn name(self) -> &'static str {
+        match self {
+            PolicyKind::Naive => "naive",
+            PolicyKind::ObservationMasking => "observation-masking",
+            PolicyKind::ClearToolUses => "clear-tool-uses",
+            PolicyKind::Seed002 => "seed-002",
+            PolicyKind::Strata => "strata",
+        }
+    }
+}
+
+/// Knobs of the anchor policies.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct PolicySettings {
+    /// observation-masking: observations kept verbatim (JetBrains used the last 10 turns).
+    pub observation_keep: usize,
+    /// clear-tool-uses: input size that triggers clearing (Anthropic default 100,000).
+    pub clear_trigger_tokens: u64,
+    /// clear-tool-uses: tool uses kept (Anthropic default 3).
+    pub clear_keep: usize,
+    /// seed-002: spill settings (8000 / 4000 / 60).
+    pub spill: SpillPolicy,
+    /// seed-002: rounds before elision (4).
+    pub elide_after_rounds: usize,
+    /// seed-002: elide results over this many characters (2000).
+    pub elide_over_chars: usize,
+    /// seed-002: characters kept (800).
+    pub elide_keep_chars: usize,
+}
+
+impl Default for PolicySettings {
+    fn default() -> Self {
+        PolicySettings {
+            observation_keep: 10,
+            clear_trigger_tokens: 100_000,
+            clear_keep: 3,
+            spill: SpillPolicy::default(),
+            elide_after_rounds: 4,
+            elide_over_chars: 2000,
+            elide_keep_chars: 800,
+        }
+    }
+}
+
+/// Placeholder observation-masking puts in place of an old observation.
+pub const MASKED_OBSERVATION: &str = "[Old tool output omitted for brevity.]";
+/// Placeholder clear-tool-uses puts in place of a cleared result.
+pub const CLEARED_TOOL_RESULT: &str = "[Tool result cleared to save context.]";
+
+/// How an anchor policy renders one message on one call.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Variant {
+    /// As recorded.
+    Full,
+    /// Replaced by [`MASKED_OBSERVATION`].
+    Masked,
+    /// Replaced by [`CLEARED_TOOL_RESULT`].
+    Cleared,
+    /// seed-002: spilled to a preview and/or elided.
+    Seed002 {
+        /// Over the spill threshold.
+        spilled: bool,
+        /// Old and long enough to be elided.
+        elided: bool,
+    },
+}
+
+/// Counts before each message, so a policy decides a message's variant in O(1).
+pub struct MessageIndex {
+    tool_results_before: Vec<usize>,
+    assistants_before: Vec<usize>,
+}
+
+impl MessageIndex {
+    /// Index `messages`.
+    pub fn new(messages: &[TranscriptMessage]) -> Self {
+        let mut tool_results_before = Vec::with_capacity(messages.len() + 1);
+        let mut assistants_before = Vec::with_capacity(messages.len() + 1);
+        let (mut tools, mut assistants) = (0, 0);
+        for message in messages {
+            tool_results_before.push(tools);
+            assistants_before.push(assistants);
+            tools += usize::from(message.is_tool_result());
+            assistants += usize::from(message.role == crate::entry::Role::Assistant);
+        }
+        tool_results_before.push(tools);
+        assistants_before.push(assistants);
+        MessageIndex { tool_results_before, assistants_before }
+    }
+}
+
+/// Which variant an anchor policy sends for message `index` when the prompt is `messages[..end]`.
+///
+/// `cleared` is clear-tool-uses' state: the tool results it has cleared so far.
+pub fn anchor_variant(
+    kind: PolicyKind,
+    settings: &PolicySettings,
+    messages: &[TranscriptMessage],
+    index_of: &MessageIndex,
+    index: usize,
+    end: usize,
+    cleared: &[bool],
+) -> Variant {
+    let message = &messages[index];
+    if !message.is_tool_result() {
+        return Variant::Full;
+    }
+    match kind {
+        PolicyKind::Naive | PolicyKind::Strata => Variant::Full,
+        PolicyKind::ObservationMasking => {
+            let newer = index_of.tool_results_before[end] - index_of.tool_results_before[index + 1];
+            if newer >= settings.observation_keep { Variant::Masked } else { Variant::Full }
+        }
+        PolicyKind::ClearToolUses => {
+            if cleared.get(index).copied().unwrap_or(false) {
+                Variant::Cleared
+            } else {
+                Variant::Full
+            }
+        }
+        PolicyKind::Seed002 => {
+            let chars = message.text.chars().count();
+            let spilled = chars > settings.spill.max_result_chars;
+            let rounds = index_of.assistants_before[end] - index_of.assistants_before[index + 1];
+            let shown = if spilled { settings.spill.preview_chars.min(chars) + 200 } else { chars };
+            let elided = rounds >= settings.elide_after_rounds && shown > settings.elide_over_chars;
+            if !spilled && !elided { Variant::Full } else { Variant::Seed002 { spilled, elided } }
+        }
+    }
+}
+
+/// The text of a message in a variant.
+pub fn variant_text(settings: &PolicySettings, message: &TranscriptMessage, variant: Variant) -> String {
+    match variant {
+        Variant::Full => message.text.clone(),
+        Variant::Masked => MASKED_OBSERVATION.into(),
+        Variant::Cleared => CLEARED_TOOL_RESULT.into(),
+        Variant::Seed002 { spilled, elided } => {
+            let data_ref = ArtifactRef::for_bytes(message.text.as_bytes());
+            let text = if spilled {
+                render_spilled(&message.text, &settings.spill, &data_ref)
+            } else {
+                message.text.clone()
+            };
+            if elided { render_elided(&text, settings.elide_keep_chars, &data_ref) } else { text }
+        }
+    }
+}
