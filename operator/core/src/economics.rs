@@ -13,6 +13,19 @@
 
 use serde::{Deserialize, Serialize};
 
+/// Fewest calls a removal is assumed to serve.
+pub const MIN_EXPECTED_CALLS: u64 = 10;
+/// Most calls a removal is credited with. A later batch rewrites the prompt again, so savings
+/// past this horizon are not this removal's to claim (measured with `strata replay`: crediting the
+/// whole remaining session rewrote the cache so often that cost rose on long sessions).
+pub const PAYBACK_HORIZON_CALLS: u64 = 40;
+
+/// The calls a removal made now is expected to serve, from the calls the session has made so far
+/// (a session that has run n calls is likely to run about as many more), within the payback horizon.
+pub fn expected_remaining_calls(calls_so_far: u64) -> u64 {
+    calls_so_far.clamp(MIN_EXPECTED_CALLS, PAYBACK_HORIZON_CALLS)
+}
+
 /// Cache prices as multiples of the fresh input-token price.
 #[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
@@ -79,6 +92,13 @@ impl RemovalEconomics {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn expected_calls_are_bounded_by_the_horizon() {
+        assert_eq!(expected_remaining_calls(0), MIN_EXPECTED_CALLS);
+        assert_eq!(expected_remaining_calls(25), 25);
+        assert_eq!(expected_remaining_calls(5_000), PAYBACK_HORIZON_CALLS);
+    }
 
     #[test]
     fn removing_at_the_tail_always_pays() {

@@ -530,7 +530,7 @@ impl<'a> StrataRun<'a> {
 
     /// Expiry, elision and compaction, as the gateway runs them before forwarding a call.
     fn before_call(&mut self, call: usize, now: u64) -> Result<bool, ReplayError> {
-        let remaining = (call as u64).max(10);
+        let remaining = crate::economics::expected_remaining_calls(call as u64);
         let pricing = match self.options.provider {
             Provider::Anthropic => CachePricing::ANTHROPIC,
             Provider::OpenAi => CachePricing::OPENAI,
