@@ -1,3 +1,7 @@
 //! The IO edge of Strata: the subcommands of the `strata` binary.
 
+pub mod compact;
+pub mod controller;
 pub mod crdgen;
+pub mod gateway;
+pub mod replay;

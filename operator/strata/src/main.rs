@@ -14,14 +14,34 @@ struct Cli {
 
 #[derive(Debug, Subcommand)]
 enum Command {
+    /// What Strata would save on recorded agent sessions: every call rebuilt under each context policy
+    /// and priced the way providers bill prefix caching. Needs no cluster and no API key.
+    Replay(strata::replay::ReplayArgs),
     /// Write the strata.dev CustomResourceDefinitions as YAML, one file per CRD, plus a kustomization.yaml.
     Crdgen(strata::crdgen::CrdgenArgs),
+    /// Compact, purge or roll back an agent's journal and print the compaction record.
+    Compact(strata::compact::CompactArgs),
+    /// Run the context gateway sidecar: an OpenAI/Anthropic-compatible proxy that journals every turn,
+    /// compiles a cache-stable prompt, enforces the context budget and gives the model its memory tools.
+    Gateway(strata::gateway::GatewayArgs),
+    /// Run the operator: reconcile Agents, ContextPolicies, ClusterContextPolicies and CompactionJobs,
+    /// serving /metrics, /healthz and /readyz, and leading through a coordination.k8s.io Lease.
+    Controller(strata::controller::ControllerArgs),
 }
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
+        Command::Replay(args) => match strata::replay::run(&args) {
+            Ok(true) => Ok(()),
+            // Some inputs failed (reported above) while the others replayed.
+            Ok(false) => return ExitCode::from(2),
+            Err(error) => Err(error),
+        },
         Command::Crdgen(args) => strata::crdgen::run(&args),
+        Command::Compact(args) => return strata::compact::main(&args),
+        Command::Gateway(args) => strata::gateway::run(&args),
+        Command::Controller(args) => strata::controller::run(&args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -42,3 +42,35 @@ fn crdgen_writes_every_file_into_a_fresh_directory() {
         assert_eq!(std::fs::read_to_string(out.path().join(&name)).unwrap(), contents, "{name}");
     }
 }
+
+/// charts/strata/crds/ holds the same CRD files as crds/, byte for byte. It has no kustomization.yaml:
+/// Helm would try to install every file in a chart's crds/ as an object.
+#[test]
+fn chart_crds_match_crdgen() {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../charts/strata/crds");
+    let rendered: Vec<(String, String)> = strata::crdgen::render()
+        .unwrap()
+        .into_iter()
+        .filter(|(name, _)| name != "kustomization.yaml")
+        .collect();
+    let mut stale = Vec::new();
+    for (name, contents) in &rendered {
+        match std::fs::read_to_string(dir.join(name)) {
+            Ok(on_disk) if on_disk == *contents => {}
+            Ok(_) => stale.push(format!("{name} differs")),
+            Err(_) => stale.push(format!("{name} is missing")),
+        }
+    }
+    let expected: std::collections::BTreeSet<&str> = rendered.iter().map(|(n, _)| n.as_str()).collect();
+    for entry in std::fs::read_dir(&dir).unwrap() {
+        let name = entry.unwrap().file_name().into_string().unwrap();
+        if !expected.contains(name.as_str()) {
+            stale.push(format!("{name} is not a CRD crdgen generates"));
+        }
+    }
+    assert!(
+        stale.is_empty(),
+        "charts/strata/crds/ is out of date ({}): run `cargo run -p strata -- crdgen --out crds && cp crds/*.strata.dev.yaml charts/strata/crds/` and commit the result",
+        stale.join(", ")
+    );
+}

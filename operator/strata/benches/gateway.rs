@@ -1,0 +1,342 @@
+//! Added latency of the gateway versus a direct call to the same fake upstream, sequential and at
+//! 256 and 2,048 concurrent streams, on a 1k- and a 200k-token journal; and the gateway's RSS.
+//!
+//! Method: the real `strata gateway` binary (release build) runs as a child process in front of an
+//! in-process fake OpenAI upstream on loopback that answers at once. Every client request goes
+//! through the gateway in Stateful mode (a short new user message) and is immediately followed, on
+//! the same stream, by a direct request that replays to the fake the exact body the gateway most
+//! recently sent upstream, so both paths move the same bytes at the same journal size. Added latency
+//! is the difference of the percentiles of the two paths. Each phase starts from a fresh copy of the
+//! seeded journal. Concurrent streams start 100 µs apart and send one unmeasured request first (so
+//! connection setup is not measured), then run their measured requests back to back. Run with `cargo bench -p strata --bench gateway`; `STRATA_BENCH_QUICK=1` runs a
+//! shorter version.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use axum::Router;
+use axum::body::{Body, Bytes};
+use axum::extract::State;
+use axum::http::{HeaderMap, header};
+use axum::response::Response;
+use axum::routing::post;
+use serde_json::json;
+use strata_api::agent::{Provider, SessionMode, Tokenizer};
+use strata_api::effective::EffectivePolicy;
+use strata_api::gateway_config::{
+    AgentIdentity, GATEWAY_CONFIG_VERSION, GatewayConfig, StablePrefixConfig, UpstreamConfig,
+};
+use strata_core::entry::{Content, EntryDraft, EntryKind, RetentionClass, Role};
+use strata_core::journal::{Journal, JournalOptions, StdStorage, SyncPolicy};
+use strata_core::tokens::{TokenCounter, TokenizerKind};
+
+const ANSWER_JSON: &str = r#"{"id":"c","object":"chat.completion","created":1,"model":"m","choices":[{"index":0,"message":{"role":"assistant","content":"k"},"finish_reason":"stop"}],"usage":{"prompt_tokens":10,"completion_tokens":1,"total_tokens":11,"prompt_tokens_details":{"cached_tokens":8}}}"#;
+
+#[derive(Default)]
+struct Fake {
+    latest: Mutex<Bytes>,
+}
+
+fn answer(stream: bool) -> Response {
+    if !stream {
+        let mut response = Response::new(Body::from(ANSWER_JSON));
+        response.headers_mut().insert(header::CONTENT_TYPE, "application/json".parse().unwrap());
+        return response;
+    }
+    let chunk = |delta: &str, finish: &str| {
+        format!(
+            "data: {{\"id\":\"c\",\"object\":\"chat.completion.chunk\",\"created\":1,\"model\":\"m\",\"choices\":[{{\"index\":0,\"delta\":{delta},\"finish_reason\":{finish}}}]}}\n\n"
+        )
+    };
+    let usage = "data: {\"id\":\"c\",\"object\":\"chat.completion.chunk\",\"created\":1,\"model\":\"m\",\"choices\":[],\"usage\":{\"prompt_tokens\":10,\"completion_tokens\":1,\"total_tokens\":11,\"prompt_tokens_details\":{\"cached_tokens\":8}}}\n\n";
+    let text = format!(
+        "{}{}{}{usage}data: [DONE]\n\n",
+        chunk("{\"role\":\"assistant\",\"content\":\"\"}", "null"),
+        chunk("{\"content\":\"k\"}", "null"),
+        chunk("{}", "\"stop\"")
+    );
+    let mut response = Response::new(Body::from(text));
+    response.headers_mut().insert(header::CONTENT_TYPE, "text/event-stream".parse().unwrap());
+    response
+}
+
+async fn upstream(State(fake): State<Arc<Fake>>, headers: HeaderMap, body: Bytes) -> Response {
+    let head = &body[..body.len().min(2048)];
+    let stream = head.windows(13).any(|window| window == b"\"stream\":true");
+    if !headers.contains_key("x-bench-direct") {
+        *fake.latest.lock().unwrap() = body;
+    }
+    answer(stream)
+}
+
+fn seed(dir: &Path, target_tokens: u64) -> u64 {
+    let counter = TokenCounter::new(TokenizerKind::O200kBase).unwrap();
+    let options = JournalOptions {
+        sync_policy: SyncPolicy::Batched { max_pending: 0 },
+        ..JournalOptions::new("bench seed", 1)
+    };
+    let (mut journal, _) = Journal::open(Arc::new(StdStorage), dir, options).unwrap();
+    let paragraph = "The deployment pipeline retries the flaky integration suite twice before paging. ";
+    let mut index = 0u64;
+    while journal.total_tokens() < target_tokens {
+        let role = if index.is_multiple_of(2) { Role::User } else { Role::Assistant };
+        let text = format!("Note {index}: {}", paragraph.repeat(if target_tokens < 5_000 { 30 } else { 35 }));
+        journal
+            .append(EntryDraft {
+                kind: EntryKind::Message,
+                role,
+                tokens: u64::from(counter.count(&text)),
+                content: Content::text(text),
+                retention: RetentionClass::Working,
+                created_at_ms: 1,
+                artifact_refs: vec![],
+            })
+            .unwrap();
+        index += 1;
+    }
+    journal.sync().unwrap();
+    journal.total_tokens()
+}
+
+fn copy_dir(from: &Path, to: &Path) {
+    std::fs::create_dir_all(to).unwrap();
+    for entry in std::fs::read_dir(from).unwrap() {
+        let entry = entry.unwrap();
+        let target = to.join(entry.file_name());
+        if entry.file_type().unwrap().is_dir() {
+            copy_dir(&entry.path(), &target);
+        } else {
+            std::fs::copy(entry.path(), target).unwrap();
+        }
+    }
+}
+
+fn config(fake: SocketAddr) -> GatewayConfig {
+    GatewayConfig {
+        version: GATEWAY_CONFIG_VERSION,
+        agent: AgentIdentity {
+            name: "bench".into(),
+            namespace: "bench".into(),
+            privacy_scope: "tenant".into(),
+        },
+        upstream: UpstreamConfig {
+            provider: Provider::OpenAI,
+            model: "m".into(),
+            endpoint: format!("http://{fake}/v1"),
+            context_window: 1_000_000,
+            tokenizer: Tokenizer::O200kBase,
+            api_key_file: None,
+            timeout_seconds: 60,
+        },
+        policy: EffectivePolicy::default(),
+        stable_prefix: StablePrefixConfig {
+            system_prompt: "You are a benchmark agent.".into(),
+            tools: vec![],
+            constants: Default::default(),
+        },
+        cache_key: "ab".repeat(32),
+        cache_key_short: "ab".repeat(8),
+        session_mode: SessionMode::Stateful,
+    }
+}
+
+struct GatewayProcess {
+    child: Child,
+    address: SocketAddr,
+}
+
+impl Drop for GatewayProcess {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn free_port() -> SocketAddr {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    listener.local_addr().unwrap()
+}
+
+async fn spawn_gateway(config_path: &Path, data_dir: &Path) -> GatewayProcess {
+    let address = free_port();
+    let metrics = free_port();
+    let child = Command::new(env!("CARGO_BIN_EXE_strata"))
+        .args(["gateway", "--config"])
+        .arg(config_path)
+        .arg("--data-dir")
+        .arg(data_dir)
+        .args(["--listen", &address.to_string(), "--metrics-listen", &metrics.to_string()])
+        .env("RUST_LOG", "warn")
+        .stdout(Stdio::null())
+        .spawn()
+        .unwrap();
+    let process = GatewayProcess { child, address };
+    let client = reqwest::Client::new();
+    for _ in 0..200 {
+        if client.get(format!("http://{address}/readyz")).send().await.is_ok() {
+            return process;
+        }
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    panic!("the gateway did not start");
+}
+
+fn rss_kib(pid: u32) -> (u64, u64) {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    let field = |name: &str| {
+        status
+            .lines()
+            .find(|line| line.starts_with(name))
+            .and_then(|line| line.split_whitespace().nth(1))
+            .and_then(|value| value.parse().ok())
+            .unwrap_or(0)
+    };
+    (field("VmRSS:"), field("VmHWM:"))
+}
+
+fn percentile(sorted: &[Duration], p: f64) -> Duration {
+    let index = ((sorted.len() as f64 - 1.0) * p).round() as usize;
+    sorted[index.min(sorted.len() - 1)]
+}
+
+async fn read_all(response: reqwest::Response) -> usize {
+    assert!(response.status().is_success(), "status {}", response.status());
+    response.bytes().await.unwrap().len()
+}
+
+struct Phase {
+    gateway: Vec<Duration>,
+    direct: Vec<Duration>,
+}
+
+async fn run_phase(
+    gateway: SocketAddr,
+    fake: SocketAddr,
+    state: Arc<Fake>,
+    streams: usize,
+    per_stream: usize,
+) -> Phase {
+    let client = reqwest::Client::builder().pool_max_idle_per_host(streams * 2).build().unwrap();
+    let stream_requests = streams > 1;
+    let mut tasks = Vec::with_capacity(streams);
+    for stream in 0..streams {
+        let client = client.clone();
+        let state = Arc::clone(&state);
+        tasks.push(tokio::spawn(async move {
+            let mut gateway_times = Vec::with_capacity(per_stream);
+            let mut direct_times = Vec::with_capacity(per_stream);
+            if stream_requests {
+                tokio::time::sleep(Duration::from_micros(100 * stream as u64)).await;
+            }
+            for index in 0..=per_stream {
+                let body = json!({"messages": [{"role": "user", "content": format!("p{stream}.{index}")}], "stream": stream_requests});
+                let started = Instant::now();
+                let response = client
+                    .post(format!("http://{gateway}/v1/chat/completions"))
+                    .header("x-strata-session", "bench")
+                    .json(&body)
+                    .send()
+                    .await
+                    .unwrap();
+                read_all(response).await;
+                gateway_times.push(started.elapsed());
+                let replay = state.latest.lock().unwrap().clone();
+                let started = Instant::now();
+                let response = client
+                    .post(format!("http://{fake}/v1/chat/completions"))
+                    .header("x-bench-direct", "1")
+                    .header("content-type", "application/json")
+                    .body(replay)
+                    .send()
+                    .await
+                    .unwrap();
+                read_all(response).await;
+                direct_times.push(started.elapsed());
+                if index == 0 {
+                    gateway_times.clear();
+                    direct_times.clear();
+                }
+            }
+            (gateway_times, direct_times)
+        }));
+    }
+    let mut phase = Phase { gateway: Vec::new(), direct: Vec::new() };
+    for task in tasks {
+        let (gateway_times, direct_times) = task.await.unwrap();
+        phase.gateway.extend(gateway_times);
+        phase.direct.extend(direct_times);
+    }
+    phase.gateway.sort();
+    phase.direct.sort();
+    phase
+}
+
+fn micros(duration: Duration) -> f64 {
+    duration.as_secs_f64() * 1e6
+}
+
+async fn journal_tokens(gateway: SocketAddr) -> u64 {
+    let status: serde_json::Value =
+        reqwest::get(format!("http://{gateway}/strata/v1/status")).await.unwrap().json().await.unwrap();
+    status["journalTokens"].as_u64().unwrap_or(0)
+}
+
+fn bench_root() -> PathBuf {
+    std::env::var_os("STRATA_BENCH_DIR").map(PathBuf::from).unwrap_or_else(std::env::temp_dir)
+}
+
+#[tokio::main(flavor = "multi_thread", worker_threads = 2)]
+async fn main() {
+    if std::env::args().any(|arg| arg == "--list") {
+        return;
+    }
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let quick = std::env::var_os("STRATA_BENCH_QUICK").is_some();
+    let state = Arc::new(Fake::default());
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let fake = listener.local_addr().unwrap();
+    let router = Router::new().route("/v1/chat/completions", post(upstream)).with_state(Arc::clone(&state));
+    tokio::spawn(async move { axum::serve(listener, router).await.unwrap() });
+
+    let root = tempfile::tempdir_in(bench_root()).unwrap();
+    let config_path = root.path().join("gateway.json");
+    std::fs::write(&config_path, serde_json::to_vec(&config(fake)).unwrap()).unwrap();
+    let phases: [(&str, usize, usize); 3] = if quick {
+        [("sequential", 1, 300), ("256 streams", 256, 2), ("2048 streams", 2048, 1)]
+    } else {
+        [("sequential", 1, 2000), ("256 streams", 256, 8), ("2048 streams", 2048, 2)]
+    };
+    println!("data dir root: {}", root.path().display());
+    for target in [1_000u64, 200_000] {
+        let seeded = root.path().join(format!("seed-{target}"));
+        let seeded_tokens = seed(&seeded, target);
+        for (name, streams, per_stream) in phases {
+            let data = root.path().join(format!("data-{target}-{streams}"));
+            copy_dir(&seeded, &data);
+            let gateway = spawn_gateway(&config_path, &data).await;
+            run_phase(gateway.address, fake, Arc::clone(&state), 1, 20).await;
+            let before = journal_tokens(gateway.address).await;
+            let phase = run_phase(gateway.address, fake, Arc::clone(&state), streams, per_stream).await;
+            let after = journal_tokens(gateway.address).await;
+            let (rss, peak) = rss_kib(gateway.child.id());
+            let (g50, g99) = (percentile(&phase.gateway, 0.5), percentile(&phase.gateway, 0.99));
+            let (d50, d99) = (percentile(&phase.direct, 0.5), percentile(&phase.direct, 0.99));
+            println!(
+                "journal {seeded_tokens:>7} tok ({before}->{after}) | {name:<13} n={:<5} | gateway p50 {:>9.0} µs p99 {:>9.0} µs | direct p50 {:>8.0} µs p99 {:>8.0} µs | added p50 {:>8.0} µs p99 {:>8.0} µs | RSS {} MiB (peak {} MiB)",
+                phase.gateway.len(),
+                micros(g50),
+                micros(g99),
+                micros(d50),
+                micros(d99),
+                micros(g50) - micros(d50),
+                micros(g99) - micros(d99),
+                rss / 1024,
+                peak / 1024,
+            );
+        }
+    }
+}

@@ -1,0 +1,253 @@
+//! The LLM summariser: OpenAI chat completions (json_schema response format) or Anthropic messages
+//! (JSON instruction), validated against the CompactedState schema, one repair retry, and delta
+//! chunking so no request exceeds the input bound.
+
+use std::time::Duration;
+
+use serde_json::{Value, json};
+use strata_api::agent::Provider;
+use strata_core::compaction::{
+    CompactedState, SummarizeError, Summarizer, SummaryFuture, SummaryInput, chunk_delta,
+};
+
+/// Where and how to call the summariser model.
+#[derive(Debug, Clone)]
+pub struct LlmSettings {
+    /// Provider API.
+    pub provider: Provider,
+    /// Base URL, e.g. `https://api.openai.com/v1` or `https://api.anthropic.com`.
+    pub endpoint: String,
+    /// Model name.
+    pub model: String,
+    /// API key, if the endpoint needs one.
+    pub api_key: Option<String>,
+    /// Limit for one request.
+    pub timeout: Duration,
+    /// Output bound in tokens.
+    pub max_output_tokens: u32,
+    /// Input bound per request in characters (the delta is chunked to fit).
+    pub max_input_chars: usize,
+}
+
+/// A summariser backed by a chat model.
+#[derive(Debug, Clone)]
+pub struct LlmSummarizer {
+    client: reqwest::Client,
+    settings: LlmSettings,
+}
+
+/// One conversation turn sent to the model.
+#[derive(Debug, Clone)]
+struct Turn {
+    role: &'static str,
+    text: String,
+}
+
+impl LlmSummarizer {
+    /// A summariser with its own HTTP client (rustls with the ring provider, as the gateway uses).
+    pub fn new(settings: LlmSettings) -> Result<Self, reqwest::Error> {
+        let _ = rustls::crypto::ring::default_provider().install_default();
+        let client = reqwest::Client::builder().connect_timeout(Duration::from_secs(10)).build()?;
+        Ok(Self { client, settings })
+    }
+
+    async fn summarize_chunks(&self, input: &SummaryInput) -> Result<CompactedState, SummarizeError> {
+        let chunks = chunk_delta(&input.delta, self.settings.max_input_chars);
+        let mut state = input.previous.clone();
+        let total = chunks.len();
+        for (index, chunk) in chunks.iter().enumerate() {
+            let prompt = self.prompt(input, state.as_ref(), chunk, index + 1, total);
+            state = Some(self.call_validated(prompt).await?);
+        }
+        state.ok_or_else(|| SummarizeError::InvalidOutput("no chunk was summarised".into()))
+    }
+
+    fn prompt(
+        &self,
+        input: &SummaryInput,
+        previous: Option<&CompactedState>,
+        chunk: &str,
+        index: usize,
+        total: usize,
+    ) -> String {
+        let previous = previous
+            .and_then(|state| serde_json::to_string_pretty(state).ok())
+            .unwrap_or_else(|| "none (this is the first compaction)".into());
+        let findings = &input.findings;
+        let mut must = String::new();
+        for question in &findings.open_questions {
+            must.push_str(&format!(
+                "- open_questions item (verbatim): {:?} from {}\n",
+                question.text,
+                question.source_ids.join(",")
+            ));
+        }
+        for action in &findings.pending_actions {
+            must.push_str(&format!(
+                "- tool_state.pending_actions item: call_id {:?}, tool {:?}, arguments {:?}, source_id {:?}\n",
+                action.call_id, action.tool, action.arguments, action.source_id
+            ));
+        }
+        let retained: Vec<String> = input.retained.iter().map(ToString::to_string).collect();
+        format!(
+            "Update the CompactedState of an always-on agent. Merge the previous state with the new \
+             entries (chunk {index} of {total}); keep every decision, constraint, open question, pending \
+             tool action, approval and side effect that still holds, with the entry IDs it came from. \
+             Drop nothing the agent needs to resume.\n\nPrevious state:\n{previous}\n\nNew entries:\n{chunk}\n\n\
+             The new state must contain:\n{must}- privacy_scope: {:?}\n- resume_instruction: {:?}\n\
+             - evidence_refs.entry_ids should list the entries kept verbatim: {}\n\n\
+             Reply with one JSON object that matches the schema, and nothing else.",
+            input.privacy_scope,
+            input.resume_instruction,
+            retained.join(", ")
+        )
+    }
+
+    async fn call_validated(&self, prompt: String) -> Result<CompactedState, SummarizeError> {
+        let mut turns = vec![Turn { role: "user", text: prompt }];
+        let first = self.call(&turns).await?;
+        let problem = match first.parse() {
+            Ok(state) => return Ok(state),
+            Err(problem) => problem,
+        };
+        turns.push(Turn { role: "assistant", text: first.text });
+        turns.push(Turn {
+            role: "user",
+            text: format!(
+                "That reply is not usable: {problem}. Reply again with only the complete, corrected JSON \
+                 object matching the schema; be concise so it fits."
+            ),
+        });
+        self.call(&turns).await?.parse().map_err(SummarizeError::InvalidOutput)
+    }
+
+    async fn call(&self, turns: &[Turn]) -> Result<Reply, SummarizeError> {
+        let seconds = self.settings.timeout.as_secs();
+        match tokio::time::timeout(self.settings.timeout, self.send(turns)).await {
+            Ok(reply) => reply,
+            Err(_) => Err(SummarizeError::Timeout { seconds }),
+        }
+    }
+
+    async fn send(&self, turns: &[Turn]) -> Result<Reply, SummarizeError> {
+        let settings = &self.settings;
+        let base = settings.endpoint.trim_end_matches('/');
+        let schema = model_schema();
+        let instructions = "You compact the history of an always-on LLM agent into a CompactedState JSON \
+                            object. Be dense and factual. Never invent entry IDs.";
+        let (url, body) = match settings.provider {
+            Provider::Anthropic => {
+                let url = if base.ends_with("/v1") {
+                    format!("{base}/messages")
+                } else {
+                    format!("{base}/v1/messages")
+                };
+                let system =
+                    format!("{instructions}\nThe JSON object must match this JSON Schema:\n{schema}");
+                let messages: Vec<Value> =
+                    turns.iter().map(|turn| json!({"role": turn.role, "content": turn.text})).collect();
+                let body = json!({
+                    "model": settings.model,
+                    "max_tokens": settings.max_output_tokens,
+                    "system": system,
+                    "messages": messages,
+                });
+                (url, body)
+            }
+            Provider::OpenAI | Provider::OpenAICompatible => {
+                let mut messages = vec![json!({"role": "system", "content": instructions})];
+                messages.extend(turns.iter().map(|turn| json!({"role": turn.role, "content": turn.text})));
+                let body = json!({
+                    "model": settings.model,
+                    "messages": messages,
+                    "max_completion_tokens": settings.max_output_tokens,
+                    "response_format": {
+                        "type": "json_schema",
+                        "json_schema": {"name": "compacted_state", "strict": true, "schema": schema},
+                    },
+                });
+                (format!("{base}/chat/completions"), body)
+            }
+        };
+        let mut request = self.client.post(&url).json(&body);
+        if let Some(key) = &settings.api_key {
+            request = match settings.provider {
+                Provider::Anthropic => {
+                    request.header("x-api-key", key).header("anthropic-version", "2023-06-01")
+                }
+                Provider::OpenAI | Provider::OpenAICompatible => request.bearer_auth(key),
+            };
+        } else if settings.provider == Provider::Anthropic {
+            request = request.header("anthropic-version", "2023-06-01");
+        }
+        let unavailable = |error: reqwest::Error| SummarizeError::Unavailable(format!("POST {url}: {error}"));
+        let response = request.send().await.map_err(unavailable)?;
+        let status = response.status();
+        let text = response.text().await.map_err(unavailable)?;
+        if !status.is_success() {
+            let excerpt: String = text.chars().take(300).collect();
+            return Err(SummarizeError::Unavailable(format!("POST {url}: HTTP {status}: {excerpt}")));
+        }
+        let value: Value = serde_json::from_str(&text).map_err(|error| {
+            SummarizeError::Unavailable(format!("POST {url}: the reply is not JSON: {error}"))
+        })?;
+        Ok(match settings.provider {
+            Provider::Anthropic => Reply {
+                text: value["content"]
+                    .as_array()
+                    .map(|blocks| {
+                        blocks.iter().filter_map(|block| block["text"].as_str()).collect::<String>()
+                    })
+                    .unwrap_or_default(),
+                truncated: value["stop_reason"] == "max_tokens",
+            },
+            Provider::OpenAI | Provider::OpenAICompatible => Reply {
+                text: value["choices"][0]["message"]["content"].as_str().unwrap_or_default().to_owned(),
+                truncated: value["choices"][0]["finish_reason"] == "length",
+            },
+        })
+    }
+}
+
+/// The model's answer.
+struct Reply {
+    text: String,
+    truncated: bool,
+}
+
+impl Reply {
+    fn parse(&self) -> Result<CompactedState, String> {
+        match CompactedState::parse_validated(&self.text) {
+            Ok(state) => Ok(state),
+            Err(_) if self.truncated => {
+                Err("the output was cut off at the token limit, so the JSON is incomplete".into())
+            }
+            Err(error) => Err(error.to_string()),
+        }
+    }
+}
+
+/// The CompactedState schema without the keywords model APIs reject at the top level.
+fn model_schema() -> Value {
+    let mut schema = CompactedState::json_schema();
+    if let Some(object) = schema.as_object_mut() {
+        object.remove("$schema");
+        object.remove("title");
+    }
+    schema
+}
+
+impl Summarizer for LlmSummarizer {
+    fn version(&self) -> String {
+        let provider = match self.settings.provider {
+            Provider::OpenAI => "openai",
+            Provider::Anthropic => "anthropic",
+            Provider::OpenAICompatible => "openai-compatible",
+        };
+        format!("{provider}:{}", self.settings.model)
+    }
+
+    fn summarize<'a>(&'a self, input: &'a SummaryInput) -> SummaryFuture<'a> {
+        Box::pin(self.summarize_chunks(input))
+    }
+}

@@ -1,0 +1,228 @@
+//! Step 1 of the Agent pipeline (IO): fetch everything the Agent refers to. Policies and namespaces
+//! come from caches; ConfigMaps and the agent pod are targeted gets; Secret existence is learned
+//! from the pod's mount failures, so the operator never reads tenant Secrets.
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::core::v1::{ConfigMap, Event as CoreEvent, Namespace, Pod};
+use kube::Api;
+use kube::api::ListParams;
+use kube::core::PartialObjectMeta;
+use kube::runtime::reflector::ObjectRef;
+use strata_api::{Agent, ClusterContextPolicy, ContextPolicy};
+
+use crate::controller::context::Context;
+use crate::controller::error::{Error, Result, name_of, namespace_of};
+use crate::controller::labels::ANNOTATION_CACHE_EPOCH;
+
+/// The ContextPolicy that applies when an Agent names none.
+pub const DEFAULT_POLICY_NAME: &str = "default";
+
+/// Everything the Agent refers to, fetched.
+#[derive(Clone, Debug)]
+pub struct AgentInputs {
+    /// The Agent's namespace.
+    pub namespace: NamespaceInfo,
+    /// Every ClusterContextPolicy (resolution skips the ones that do not select the namespace).
+    pub cluster_policies: Vec<ClusterContextPolicy>,
+    /// The namespace's ContextPolicy.
+    pub context_policy: PolicyLookup,
+    /// The system prompt, if the Agent has one.
+    pub system_prompt: Option<Fetched>,
+    /// The tools JSON, if the Agent has one.
+    pub tools: Option<Fetched>,
+    /// The agent pod, if it exists.
+    pub pod: Option<PodObservation>,
+}
+
+/// The namespace as the caches see it.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct NamespaceInfo {
+    /// Its name.
+    pub name: String,
+    /// Its UID: the tenant id of cache keys.
+    pub uid: String,
+    /// Its labels, for ClusterContextPolicy selectors.
+    pub labels: BTreeMap<String, String>,
+    /// The raw `strata.dev/cache-epoch` annotation.
+    pub cache_epoch: Option<String>,
+}
+
+/// Outcome of looking up the namespace's ContextPolicy.
+#[derive(Clone, Debug)]
+pub enum PolicyLookup {
+    /// Found.
+    Found(Box<ContextPolicy>),
+    /// No ref, and no policy named `default`: only cluster policies and defaults apply.
+    NoDefault,
+    /// The Agent names a policy that does not exist.
+    Missing(String),
+}
+
+/// Outcome of reading one ConfigMap key.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Fetched {
+    /// The key's text.
+    Text(String),
+    /// The ConfigMap does not exist.
+    MissingConfigMap(String),
+    /// The ConfigMap exists but lacks the key.
+    MissingKey {
+        /// ConfigMap name.
+        name: String,
+        /// The key.
+        key: String,
+    },
+}
+
+/// What the controller needs to know about the agent pod.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct PodObservation {
+    /// Pod phase, e.g. Running.
+    pub phase: String,
+    /// Whether the Ready condition is True.
+    pub ready: bool,
+    /// The node it runs on.
+    pub node_name: Option<String>,
+    /// A Secret the kubelet could not mount (from the pod's FailedMount events).
+    pub missing_secret: Option<String>,
+}
+
+/// The agent pod's name (a StatefulSet with one replica).
+pub fn pod_name(agent: &str) -> String {
+    format!("{agent}-0")
+}
+
+/// Fetch every input of `agent`.
+pub async fn dereference(agent: &Agent, ctx: &Context) -> Result<AgentInputs> {
+    let namespace = namespace_of(&agent.metadata, "Agent")?;
+    let name = name_of(&agent.metadata, "Agent")?;
+    let namespace_info = namespace_info(ctx, &namespace)?;
+    let cluster_policies = ctx.caches.cluster_policies.state().iter().map(|p| (**p).clone()).collect();
+    let context_policy = context_policy(ctx, agent, &namespace);
+
+    let config_maps: Api<ConfigMap> = Api::namespaced(ctx.client.clone(), &namespace);
+    let mut fetched_maps: BTreeMap<String, Option<ConfigMap>> = BTreeMap::new();
+    let prefix = agent.spec.stable_prefix.as_ref();
+    let system_prompt = match prefix.and_then(|p| p.system_prompt.as_ref()) {
+        None => None,
+        Some(source) => match (&source.inline, &source.config_map_key_ref) {
+            (Some(text), _) => Some(Fetched::Text(text.clone())),
+            (None, Some(key_ref)) => {
+                Some(read_key(&config_maps, &mut fetched_maps, &key_ref.name, &key_ref.key).await?)
+            }
+            (None, None) => None,
+        },
+    };
+    let tools = match prefix.and_then(|p| p.tools.as_ref()) {
+        None => None,
+        Some(key_ref) => Some(read_key(&config_maps, &mut fetched_maps, &key_ref.name, &key_ref.key).await?),
+    };
+    let pod = observe_pod(ctx, &namespace, &name).await?;
+    Ok(AgentInputs { namespace: namespace_info, cluster_policies, context_policy, system_prompt, tools, pod })
+}
+
+fn namespace_info(ctx: &Context, namespace: &str) -> Result<NamespaceInfo> {
+    let key = ObjectRef::<PartialObjectMeta<Namespace>>::new(namespace);
+    let found = ctx.caches.namespaces.get(&key).ok_or(Error::CacheNotReady("Namespace"))?;
+    let meta = &found.metadata;
+    Ok(NamespaceInfo {
+        name: namespace.to_string(),
+        uid: meta.uid.clone().ok_or(Error::MissingField { kind: "Namespace", field: "metadata.uid" })?,
+        labels: meta.labels.clone().unwrap_or_default(),
+        cache_epoch: meta.annotations.as_ref().and_then(|a| a.get(ANNOTATION_CACHE_EPOCH)).cloned(),
+    })
+}
+
+fn context_policy(ctx: &Context, agent: &Agent, namespace: &str) -> PolicyLookup {
+    let (wanted, explicit) = match &agent.spec.context_policy_ref {
+        Some(policy_ref) => (policy_ref.name.as_str(), true),
+        None => (DEFAULT_POLICY_NAME, false),
+    };
+    match ctx.caches.context_policies.get(&ObjectRef::new(wanted).within(namespace)) {
+        Some(policy) => PolicyLookup::Found(Box::new((*policy).clone())),
+        None if explicit && wanted != DEFAULT_POLICY_NAME => PolicyLookup::Missing(wanted.to_string()),
+        None => PolicyLookup::NoDefault,
+    }
+}
+
+async fn read_key(
+    api: &Api<ConfigMap>,
+    fetched: &mut BTreeMap<String, Option<ConfigMap>>,
+    name: &str,
+    key: &str,
+) -> Result<Fetched> {
+    if !fetched.contains_key(name) {
+        let found = api
+            .get_opt(name)
+            .await
+            .map_err(|e| Error::kube(format!("reading ConfigMap {}/{name}", api_namespace(api)), e))?;
+        fetched.insert(name.to_string(), found);
+    }
+    Ok(match fetched.get(name).and_then(Option::as_ref) {
+        None => Fetched::MissingConfigMap(name.to_string()),
+        Some(map) => match map.data.as_ref().and_then(|d| d.get(key)) {
+            Some(text) => Fetched::Text(text.clone()),
+            None => Fetched::MissingKey { name: name.to_string(), key: key.to_string() },
+        },
+    })
+}
+
+fn api_namespace(api: &Api<ConfigMap>) -> String {
+    api.namespace().unwrap_or_default().to_string()
+}
+
+async fn observe_pod(ctx: &Context, namespace: &str, agent: &str) -> Result<Option<PodObservation>> {
+    let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), namespace);
+    let name = pod_name(agent);
+    let Some(pod) =
+        pods.get_opt(&name).await.map_err(|e| Error::kube(format!("reading Pod {namespace}/{name}"), e))?
+    else {
+        return Ok(None);
+    };
+    let status = pod.status.unwrap_or_default();
+    let phase = status.phase.unwrap_or_else(|| "Pending".into());
+    let ready = status.conditions.iter().flatten().any(|c| c.type_ == "Ready" && c.status == "True");
+    let missing_secret =
+        if phase == "Pending" { missing_secret_from_events(ctx, namespace, &name).await? } else { None };
+    Ok(Some(PodObservation {
+        phase,
+        ready,
+        node_name: pod.spec.and_then(|spec| spec.node_name),
+        missing_secret,
+    }))
+}
+
+/// The kubelet reports an absent Secret volume as a FailedMount event naming it.
+async fn missing_secret_from_events(ctx: &Context, namespace: &str, pod: &str) -> Result<Option<String>> {
+    let events: Api<CoreEvent> = Api::namespaced(ctx.client.clone(), namespace);
+    let params = ListParams::default()
+        .fields(&format!("involvedObject.kind=Pod,involvedObject.name={pod},reason=FailedMount"));
+    let list = events
+        .list(&params)
+        .await
+        .map_err(|e| Error::kube(format!("listing FailedMount events of Pod {namespace}/{pod}"), e))?;
+    Ok(list.items.iter().filter_map(|event| event.message.as_deref()).find_map(secret_not_found))
+}
+
+/// `secret "anthropic-api" not found` → `anthropic-api`.
+pub fn secret_not_found(message: &str) -> Option<String> {
+    let start = message.find("secret \"")? + "secret \"".len();
+    let rest = &message[start..];
+    let end = rest.find('"')?;
+    rest[end..].starts_with("\" not found").then(|| rest[..end].to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn secret_names_are_read_from_failed_mount_messages() {
+        let message =
+            "MountVolume.SetUp failed for volume \"credentials\" : secret \"anthropic-api\" not found";
+        assert_eq!(secret_not_found(message).as_deref(), Some("anthropic-api"));
+        assert_eq!(secret_not_found("secret \"x\" is forbidden"), None);
+        assert_eq!(secret_not_found("timed out"), None);
+    }
+}

@@ -1,0 +1,62 @@
+//! Step 6 of the Agent pipeline (IO): delete children labelled for this Agent that this round did
+//! not build (left behind by a rename or an older operator version).
+
+use std::fmt::Debug;
+
+use k8s_openapi::NamespaceResourceScope;
+use k8s_openapi::api::apps::v1::StatefulSet;
+use k8s_openapi::api::core::v1::{ConfigMap, Service, ServiceAccount};
+use k8s_openapi::api::networking::v1::NetworkPolicy;
+use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
+use kube::api::DeleteParams;
+use kube::{Api, Resource};
+use serde::de::DeserializeOwned;
+
+use super::build::DesiredChild;
+use crate::controller::child_index::{ChildKind, ObservedChild};
+use crate::controller::context::Context;
+use crate::controller::error::{Error, Result};
+
+/// Observed children that are not desired.
+pub fn orphans(desired: &[DesiredChild], observed: &[ObservedChild]) -> Vec<ObservedChild> {
+    observed
+        .iter()
+        .filter(|have| !desired.iter().any(|want| want.kind == have.kind && want.name == have.name))
+        .cloned()
+        .collect()
+}
+
+/// Delete every orphan of `agent`; returns how many were deleted.
+pub async fn delete_orphans(
+    ctx: &Context,
+    namespace: &str,
+    agent: &str,
+    desired: &[DesiredChild],
+) -> Result<usize> {
+    let found = orphans(desired, &ctx.caches.children.children_of(namespace, agent));
+    for orphan in &found {
+        match orphan.kind {
+            ChildKind::ServiceAccount => delete_one::<ServiceAccount>(ctx, namespace, &orphan.name).await?,
+            ChildKind::Role => delete_one::<Role>(ctx, namespace, &orphan.name).await?,
+            ChildKind::RoleBinding => delete_one::<RoleBinding>(ctx, namespace, &orphan.name).await?,
+            ChildKind::ConfigMap => delete_one::<ConfigMap>(ctx, namespace, &orphan.name).await?,
+            ChildKind::Service => delete_one::<Service>(ctx, namespace, &orphan.name).await?,
+            ChildKind::NetworkPolicy => delete_one::<NetworkPolicy>(ctx, namespace, &orphan.name).await?,
+            ChildKind::StatefulSet => delete_one::<StatefulSet>(ctx, namespace, &orphan.name).await?,
+        }
+        ctx.caches.children.forget(orphan.kind, namespace, agent, &orphan.name);
+    }
+    Ok(found.len())
+}
+
+async fn delete_one<K>(ctx: &Context, namespace: &str, name: &str) -> Result<()>
+where
+    K: Resource<Scope = NamespaceResourceScope, DynamicType = ()> + Clone + Debug + DeserializeOwned,
+{
+    let api: Api<K> = Api::namespaced(ctx.client.clone(), namespace);
+    match api.delete(name, &DeleteParams::background()).await {
+        Ok(_) => Ok(()),
+        Err(kube::Error::Api(status)) if status.is_not_found() => Ok(()),
+        Err(e) => Err(Error::kube(format!("deleting orphaned {} {namespace}/{name}", K::kind(&())), e)),
+    }
+}

@@ -1,0 +1,261 @@
+//! gateway.json loading, the settings derived from it, and polling hot reload of the file.
+
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, RwLock};
+use std::time::{Duration, SystemTime};
+
+use strata_api::agent::{Provider, Tokenizer};
+use strata_api::gateway_config::{GatewayConfig, GatewayConfigError};
+use strata_api::policy::BreakpointMode;
+use strata_core::budget::{BudgetError, BudgetPolicy};
+use strata_core::compiler::BreakpointPlacement;
+use strata_core::redaction::{PatternError, Redactor};
+use strata_core::retention::{Classifier, RetentionRule, RetentionRuleError};
+use strata_core::tokens::TokenizerKind;
+use strata_core::tool_output::SpillPolicy;
+
+/// How often the config file's modification time is checked.
+pub const RELOAD_POLL_INTERVAL: Duration = Duration::from_secs(1);
+
+/// A gateway.json that cannot be used.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    /// The file cannot be read.
+    #[error("reading gateway config {path}: {source}")]
+    Read {
+        /// The file.
+        path: PathBuf,
+        /// The I/O error.
+        source: std::io::Error,
+    },
+    /// The file is not a valid gateway config.
+    #[error("{path}: {source}")]
+    Parse {
+        /// The file.
+        path: PathBuf,
+        /// The format error.
+        source: GatewayConfigError,
+    },
+    /// The budget policy does not fit the context window.
+    #[error("{path}: policy.budget: {source}")]
+    Budget {
+        /// The file.
+        path: PathBuf,
+        /// The budget error.
+        source: BudgetError,
+    },
+    /// A retention rule cannot be compiled.
+    #[error("{path}: policy.retention: {source}")]
+    Retention {
+        /// The file.
+        path: PathBuf,
+        /// The rule error.
+        source: RetentionRuleError,
+    },
+    /// A retention rule does not have the expected JSON shape.
+    #[error("{path}: policy.retention.rules: {source}")]
+    RetentionShape {
+        /// The file.
+        path: PathBuf,
+        /// The JSON error.
+        source: serde_json::Error,
+    },
+    /// A redaction pattern does not compile.
+    #[error("{path}: policy.redaction.extraPatterns: {source}")]
+    Redaction {
+        /// The file.
+        path: PathBuf,
+        /// The pattern error.
+        source: PatternError,
+    },
+    /// The API key file cannot be read.
+    #[error("reading the upstream API key file {path}: {source}")]
+    ApiKey {
+        /// The key file.
+        path: PathBuf,
+        /// The I/O error.
+        source: std::io::Error,
+    },
+}
+
+/// Distinguishes loaded versions of the settings.
+static REVISIONS: AtomicU64 = AtomicU64::new(0);
+
+/// Everything derived from one version of gateway.json.
+pub struct Settings {
+    /// Unique per load, so caches keyed on the settings notice a reload.
+    pub revision: u64,
+    /// The file as parsed.
+    pub config: GatewayConfig,
+    /// Tenant (the agent's namespace) for artifacts.
+    pub tenant: String,
+    /// Context limit in tokens.
+    pub limit: u64,
+    /// Budget thresholds and reservations.
+    pub budget: BudgetPolicy,
+    /// Spill thresholds.
+    pub spill: SpillPolicy,
+    /// Redaction before persistence; `None` when disabled.
+    pub redactor: Option<Redactor>,
+    /// Retention classification.
+    pub classifier: Classifier,
+    /// Cache breakpoint placement.
+    pub placement: BreakpointPlacement,
+    /// Upstream API key, when a key file is configured.
+    pub api_key: Option<String>,
+}
+
+impl std::fmt::Debug for Settings {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Settings")
+            .field("revision", &self.revision)
+            .field("agent", &self.config.agent)
+            .field("limit", &self.limit)
+            .field("budget", &self.budget)
+            .field("spill", &self.spill)
+            .field("redaction", &self.redactor.is_some())
+            .finish_non_exhaustive()
+    }
+}
+
+impl Settings {
+    /// Derives the settings from a parsed config (reading the API key file).
+    pub fn from_config(config: GatewayConfig, path: &Path) -> Result<Self, ConfigError> {
+        let policy = &config.policy;
+        let budget = BudgetPolicy {
+            warning_percent: policy.budget.warning_percent,
+            high_risk_percent: policy.budget.high_risk_percent,
+            critical_percent: policy.budget.critical_percent,
+            reserved_completion_tokens: u64::from(policy.budget.reserved_completion_tokens),
+            protocol_overhead_tokens: u64::from(policy.budget.protocol_overhead_tokens),
+            safety_margin_tokens: u64::from(policy.budget.safety_margin_tokens),
+        };
+        let limit = u64::from(config.upstream.context_window);
+        budget.validate(limit).map_err(|source| ConfigError::Budget { path: path.to_owned(), source })?;
+        let spill = SpillPolicy {
+            max_result_chars: policy.tool_results.max_result_chars as usize,
+            preview_chars: policy.tool_results.preview_chars as usize,
+            preview_lines: policy.tool_results.preview_lines as usize,
+        };
+        let redactor = Redactor::new(policy.redaction.enabled, &policy.redaction.extra_patterns)
+            .map_err(|source| ConfigError::Redaction { path: path.to_owned(), source })?;
+        let rules_json = serde_json::to_value(&policy.retention.rules)
+            .map_err(|source| ConfigError::RetentionShape { path: path.to_owned(), source })?;
+        let rules: Vec<RetentionRule> = serde_json::from_value(rules_json)
+            .map_err(|source| ConfigError::RetentionShape { path: path.to_owned(), source })?;
+        let classifier = Classifier::new(rules)
+            .map_err(|source| ConfigError::Retention { path: path.to_owned(), source })?;
+        let placement = match policy.cache.breakpoints {
+            BreakpointMode::Auto => BreakpointPlacement::Auto,
+            BreakpointMode::None => BreakpointPlacement::Off,
+        };
+        let api_key = match &config.upstream.api_key_file {
+            Some(file) => {
+                let key = std::fs::read_to_string(file)
+                    .map_err(|source| ConfigError::ApiKey { path: PathBuf::from(file), source })?;
+                Some(key.trim().to_owned())
+            }
+            None => None,
+        };
+        Ok(Settings {
+            revision: REVISIONS.fetch_add(1, Ordering::Relaxed),
+            tenant: config.agent.namespace.clone(),
+            limit,
+            budget,
+            spill,
+            redactor,
+            classifier,
+            placement,
+            api_key,
+            config,
+        })
+    }
+
+    /// Reads, parses and derives the settings of the file at `path`.
+    pub fn load(path: &Path) -> Result<Self, ConfigError> {
+        let bytes =
+            std::fs::read(path).map_err(|source| ConfigError::Read { path: path.to_owned(), source })?;
+        let config = GatewayConfig::from_json(&bytes)
+            .map_err(|source| ConfigError::Parse { path: path.to_owned(), source })?;
+        Self::from_config(config, path)
+    }
+
+    /// The tokenizer of the upstream model.
+    pub fn tokenizer(&self) -> TokenizerKind {
+        match self.config.upstream.tokenizer {
+            Tokenizer::O200kBase => TokenizerKind::O200kBase,
+            Tokenizer::Cl100kBase => TokenizerKind::Cl100kBase,
+            Tokenizer::Approximate => TokenizerKind::Approximate,
+        }
+    }
+
+    /// The upstream provider.
+    pub fn provider(&self) -> Provider {
+        self.config.upstream.provider
+    }
+}
+
+/// The current settings, replaced atomically on reload.
+#[derive(Debug, Clone)]
+pub struct LiveSettings {
+    current: Arc<RwLock<Arc<Settings>>>,
+}
+
+impl LiveSettings {
+    /// Starts with `settings`.
+    pub fn new(settings: Settings) -> Self {
+        Self { current: Arc::new(RwLock::new(Arc::new(settings))) }
+    }
+
+    /// The settings in force now.
+    pub fn get(&self) -> Arc<Settings> {
+        match self.current.read() {
+            Ok(guard) => Arc::clone(&guard),
+            Err(poisoned) => Arc::clone(&poisoned.into_inner()),
+        }
+    }
+
+    /// Replaces the settings.
+    pub fn replace(&self, settings: Settings) {
+        let settings = Arc::new(settings);
+        match self.current.write() {
+            Ok(mut guard) => *guard = settings,
+            Err(poisoned) => *poisoned.into_inner() = settings,
+        }
+    }
+}
+
+fn modified(path: &Path) -> Option<SystemTime> {
+    std::fs::metadata(path).and_then(|meta| meta.modified()).ok()
+}
+
+/// Polls `path` and swaps in the new settings whenever the file changes and parses; an invalid file
+/// is logged and the previous settings stay in force.
+pub async fn watch(path: PathBuf, live: LiveSettings) {
+    let mut last_seen = modified(&path);
+    let mut last_bytes = std::fs::read(&path).ok();
+    let mut ticker = tokio::time::interval(RELOAD_POLL_INTERVAL);
+    loop {
+        ticker.tick().await;
+        let now = modified(&path);
+        if now == last_seen {
+            continue;
+        }
+        last_seen = now;
+        let bytes = std::fs::read(&path).ok();
+        if bytes == last_bytes {
+            continue;
+        }
+        last_bytes = bytes;
+        match Settings::load(&path) {
+            Ok(settings) => {
+                tracing::info!(path = %path.display(), "gateway config reloaded");
+                live.replace(settings);
+            }
+            Err(error) => {
+                tracing::error!(%error, "gateway config change rejected; the previous config stays in force");
+            }
+        }
+    }
+}

@@ -1,0 +1,137 @@
+//! Provider-neutral request and response shapes shared by the OpenAI and Anthropic adapters.
+
+use serde_json::{Map, Value};
+use strata_core::entry::{Content, EntryKind, Role, ToolCall};
+
+/// Which client-facing API a request came in on.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Api {
+    /// `POST /v1/chat/completions`.
+    OpenAi,
+    /// `POST /v1/messages`.
+    Anthropic,
+}
+
+/// One client message, split so that every tool result is its own turn.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Turn {
+    /// Producer.
+    pub role: Role,
+    /// Text and tool traffic exactly as the client sent it.
+    pub content: Content,
+}
+
+impl Turn {
+    /// The journal kind of this turn.
+    pub fn kind(&self) -> EntryKind {
+        if !self.content.tool_results.is_empty() {
+            EntryKind::ToolResult
+        } else if !self.content.tool_calls.is_empty() {
+            EntryKind::ToolCall
+        } else {
+            EntryKind::Message
+        }
+    }
+}
+
+/// A chat request in neutral form.
+#[derive(Clone, Debug)]
+pub struct ChatRequest {
+    /// The API it came in on.
+    pub api: Api,
+    /// Whether the client asked for SSE.
+    pub stream: bool,
+    /// System text the client sent (joined), part of Tier 1.
+    pub system_text: String,
+    /// Non-system messages in order.
+    pub turns: Vec<Turn>,
+    /// Client tool schemas in the API's own shape.
+    pub tools: Vec<Value>,
+    /// Other request fields, forwarded unchanged (temperature, max_tokens, tool_choice, …).
+    pub params: Map<String, Value>,
+    /// OpenAI streaming: whether the client asked for the usage chunk.
+    pub wants_usage: bool,
+}
+
+/// Token usage as reported by the provider.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Usage {
+    /// All prompt tokens (fresh + cached + cache writes).
+    pub prompt_tokens: u64,
+    /// Prompt tokens read from the provider's cache.
+    pub cached_tokens: u64,
+    /// Prompt tokens written to the provider's cache (Anthropic).
+    pub cache_write_tokens: u64,
+    /// Completion tokens.
+    pub completion_tokens: u64,
+}
+
+impl Usage {
+    /// Prompt tokens that were neither read from nor written to the cache.
+    pub fn fresh_tokens(&self) -> u64 {
+        self.prompt_tokens.saturating_sub(self.cached_tokens).saturating_sub(self.cache_write_tokens)
+    }
+
+    /// Adds another call's usage.
+    pub fn add(&mut self, other: &Usage) {
+        self.prompt_tokens += other.prompt_tokens;
+        self.cached_tokens += other.cached_tokens;
+        self.cache_write_tokens += other.cache_write_tokens;
+        self.completion_tokens += other.completion_tokens;
+    }
+}
+
+/// What the model answered in one upstream call.
+#[derive(Clone, Debug, Default)]
+pub struct AssistantOutput {
+    /// Upstream response id.
+    pub id: String,
+    /// Text.
+    pub text: String,
+    /// Tool calls in order (memory tools included).
+    pub tool_calls: Vec<ToolCall>,
+    /// `finish_reason` (OpenAI) or `stop_reason` (Anthropic).
+    pub stop_reason: String,
+    /// Usage, when reported.
+    pub usage: Option<Usage>,
+    /// The full upstream JSON (non-streaming), used to answer the client in the provider's shape.
+    pub raw: Option<Value>,
+}
+
+impl AssistantOutput {
+    /// The assistant turn as the client sees it: memory tool calls removed.
+    pub fn visible_turn(&self, is_memory_tool: impl Fn(&str) -> bool) -> Turn {
+        Turn {
+            role: Role::Assistant,
+            content: Content {
+                text: self.text.clone(),
+                tool_calls: self.tool_calls.iter().filter(|c| !is_memory_tool(&c.name)).cloned().collect(),
+                tool_results: Vec::new(),
+            },
+        }
+    }
+}
+
+/// Text of a content value that is either a string or an array of `{type: "text", text}` parts.
+/// Returns `Err(type)` naming the first part type that is not text.
+pub fn text_of(content: &Value) -> Result<String, String> {
+    match content {
+        Value::Null => Ok(String::new()),
+        Value::String(text) => Ok(text.clone()),
+        Value::Array(parts) => {
+            let mut texts = Vec::with_capacity(parts.len());
+            for part in parts {
+                match part.get("type").and_then(Value::as_str) {
+                    Some("text") | Some("input_text") | Some("output_text") => {
+                        texts.push(part.get("text").and_then(Value::as_str).unwrap_or_default().to_owned())
+                    }
+                    Some(other) => return Err(other.to_owned()),
+                    None => return Err("(missing type)".to_owned()),
+                }
+            }
+            Ok(texts.join("\n"))
+        }
+        other => Err(format!("{other}")),
+    }
+}

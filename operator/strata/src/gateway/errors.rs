@@ -1,0 +1,148 @@
+//! Gateway errors and their HTTP answers in the calling API's own error shape.
+
+use axum::http::{HeaderValue, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use bytes::Bytes;
+use serde_json::{Value, json};
+use strata_core::budget::BudgetExceeded;
+
+use super::conversation::Api;
+use super::engine::EngineError;
+
+/// A request the gateway could not serve.
+#[derive(Debug, thiserror::Error)]
+pub enum GatewayError {
+    /// Malformed JSON or an unsupported field combination.
+    #[error("{0}")]
+    BadRequest(String),
+    /// The body is over the limit.
+    #[error("request body exceeds the gateway's limit of {limit} bytes")]
+    PayloadTooLarge {
+        /// The limit in bytes.
+        limit: usize,
+    },
+    /// Unknown resource.
+    #[error("{0}")]
+    NotFound(String),
+    /// The operation does not fit the context budget.
+    #[error(
+        "context budget exceeded: the new input needs {} tokens but only {} are available; purge or compact, then resume operation {}",
+        .0.estimated_result_tokens, .0.available_operation_tokens, .0.pending_operation_id
+    )]
+    Blocked(Box<BudgetExceeded>),
+    /// The upstream did not answer in time.
+    #[error("upstream {url} did not answer within {seconds}s")]
+    UpstreamTimeout {
+        /// Where the request went.
+        url: String,
+        /// The configured timeout.
+        seconds: u32,
+    },
+    /// The upstream could not be reached.
+    #[error("upstream {url} could not be reached: {reason}")]
+    UpstreamUnreachable {
+        /// Where the request went.
+        url: String,
+        /// The transport error.
+        reason: String,
+    },
+    /// The upstream answered with an error; passed through unchanged.
+    #[error("upstream answered {status}")]
+    UpstreamStatus {
+        /// Its status.
+        status: StatusCode,
+        /// Its content type.
+        content_type: Option<HeaderValue>,
+        /// Its body.
+        body: Bytes,
+    },
+    /// The upstream's answer could not be understood.
+    #[error("upstream answer could not be understood: {0}")]
+    UpstreamProtocol(String),
+    /// The model kept calling memory tools.
+    #[error(
+        "the model called memory tools in {rounds} consecutive rounds without answering; the loop was stopped"
+    )]
+    MemoryLoop {
+        /// Rounds run.
+        rounds: usize,
+    },
+    /// The context engine failed.
+    #[error("{0}")]
+    Engine(#[from] EngineError),
+}
+
+impl GatewayError {
+    /// HTTP status of the error.
+    pub fn status(&self) -> StatusCode {
+        match self {
+            GatewayError::BadRequest(_) | GatewayError::Blocked(_) => StatusCode::BAD_REQUEST,
+            GatewayError::PayloadTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
+            GatewayError::NotFound(_) => StatusCode::NOT_FOUND,
+            GatewayError::UpstreamTimeout { .. } => StatusCode::GATEWAY_TIMEOUT,
+            GatewayError::UpstreamUnreachable { .. }
+            | GatewayError::UpstreamProtocol(_)
+            | GatewayError::MemoryLoop { .. } => StatusCode::BAD_GATEWAY,
+            GatewayError::UpstreamStatus { status, .. } => *status,
+            GatewayError::Engine(error) if error.is_client_error() => StatusCode::BAD_REQUEST,
+            GatewayError::Engine(_) => StatusCode::INTERNAL_SERVER_ERROR,
+        }
+    }
+
+    fn kind(&self) -> &'static str {
+        match self {
+            GatewayError::BadRequest(_) => "invalid_request_error",
+            GatewayError::PayloadTooLarge { .. } => "request_too_large",
+            GatewayError::NotFound(_) => "not_found_error",
+            GatewayError::Blocked(_) => "context_budget_exceeded",
+            GatewayError::UpstreamTimeout { .. } => "upstream_timeout",
+            GatewayError::UpstreamUnreachable { .. } | GatewayError::UpstreamProtocol(_) => "upstream_error",
+            GatewayError::MemoryLoop { .. } => "memory_tool_loop_exceeded",
+            GatewayError::UpstreamStatus { .. } => "upstream_error",
+            GatewayError::Engine(error) if error.is_client_error() => "invalid_request_error",
+            GatewayError::Engine(_) => "gateway_error",
+        }
+    }
+
+    /// The error body in `api`'s shape.
+    pub fn body(&self, api: Api) -> Value {
+        let message = self.to_string();
+        let mut error = match api {
+            Api::OpenAi => {
+                json!({"message": message, "type": self.kind(), "param": null, "code": self.kind()})
+            }
+            Api::Anthropic => json!({"type": self.kind(), "message": message}),
+        };
+        if let (GatewayError::Blocked(notice), Some(fields)) = (self, error.as_object_mut())
+            && let Ok(Value::Object(notice)) = serde_json::to_value(notice.as_ref())
+        {
+            fields.extend(notice);
+        }
+        match api {
+            Api::OpenAi => json!({"error": error}),
+            Api::Anthropic => json!({"type": "error", "error": error}),
+        }
+    }
+
+    /// The HTTP response in `api`'s shape (upstream errors unchanged).
+    pub fn into_response_for(self, api: Api) -> Response {
+        if let GatewayError::UpstreamStatus { status, content_type, body } = self {
+            let mut response = (status, body).into_response();
+            if let Some(content_type) = content_type {
+                response.headers_mut().insert(header::CONTENT_TYPE, content_type);
+            }
+            return response;
+        }
+        if matches!(self, GatewayError::Engine(_)) {
+            tracing::error!(error = %self, "request failed");
+        }
+        json_response(self.status(), &self.body(api))
+    }
+}
+
+/// A JSON response.
+pub fn json_response(status: StatusCode, body: &Value) -> Response {
+    let mut response = (status, body.to_string()).into_response();
+    response.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
+    response
+}

@@ -1,0 +1,76 @@
+//! Per-entry cache of rendered provider JSON, so a request re-serialises only new or changed entries.
+
+use bytes::Bytes;
+use strata_core::compiler::{InclusionReason, RenderedEntry};
+use strata_core::entry::EntryId;
+
+/// One entry rendered as provider JSON.
+#[derive(Debug, Clone)]
+pub struct Fragment {
+    id: EntryId,
+    reason: InclusionReason,
+    source_hash: String,
+    /// Whether the JSON can no longer change (every tool call it carries has its result).
+    complete: bool,
+    /// Whether the entry belongs to the assistant side of the conversation.
+    pub assistant: bool,
+    /// The JSON text (one message for OpenAI, comma-separated content blocks for Anthropic).
+    pub json: Bytes,
+}
+
+/// A freshly rendered fragment: its JSON, whether it is final, and its side.
+#[derive(Debug)]
+pub struct Rendered {
+    /// JSON text.
+    pub json: String,
+    /// Whether it can no longer change.
+    pub complete: bool,
+    /// Assistant side.
+    pub assistant: bool,
+}
+
+/// Fragments by position in the compiler's Tier 2, checked against the entry they were made from.
+#[derive(Debug, Default)]
+pub struct FragmentCache {
+    items: Vec<Option<Fragment>>,
+}
+
+impl FragmentCache {
+    /// The fragment of `entry` at `index`, rendered with `render` when missing, stale or incomplete.
+    pub fn get(
+        &mut self,
+        index: usize,
+        entry: &RenderedEntry,
+        render: impl FnOnce(&RenderedEntry) -> Rendered,
+    ) -> &Fragment {
+        if self.items.len() <= index {
+            self.items.resize(index + 1, None);
+        }
+        let slot = &mut self.items[index];
+        let fresh = slot.as_ref().is_some_and(|fragment| {
+            fragment.complete
+                && fragment.id == entry.id
+                && fragment.reason == entry.reason
+                && fragment.source_hash == entry.source_hash
+        });
+        if !fresh {
+            *slot = None;
+        }
+        slot.get_or_insert_with(|| {
+            let rendered = render(entry);
+            Fragment {
+                id: entry.id,
+                reason: entry.reason,
+                source_hash: entry.source_hash.clone(),
+                complete: rendered.complete,
+                assistant: rendered.assistant,
+                json: Bytes::from(rendered.json),
+            }
+        })
+    }
+
+    /// Drops fragments beyond `len` entries (after a generation switch shrank Tier 2).
+    pub fn truncate(&mut self, len: usize) {
+        self.items.truncate(len);
+    }
+}

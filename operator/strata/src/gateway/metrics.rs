@@ -1,0 +1,186 @@
+//! Prometheus metrics of the gateway, served on the metrics listener.
+
+use prometheus::{
+    Encoder, Histogram, HistogramOpts, IntCounter, IntCounterVec, IntGauge, Opts, Registry, TextEncoder,
+};
+
+/// A metric could not be registered.
+#[derive(Debug, thiserror::Error)]
+#[error("registering gateway metrics: {0}")]
+pub struct MetricsError(#[from] prometheus::Error);
+
+/// Every gateway metric.
+#[derive(Debug, Clone)]
+pub struct Metrics {
+    registry: Registry,
+    /// Tokens in the compiled context.
+    pub context_tokens: IntGauge,
+    /// The context limit.
+    pub context_limit: IntGauge,
+    /// Budget level: 0 Normal, 1 Warning, 2 HighRisk, 3 Critical.
+    pub context_level: IntGauge,
+    /// Prompt tokens by kind (fresh, cached, cache_write) as the provider reported them.
+    pub prompt_tokens: IntCounterVec,
+    /// Completion tokens.
+    pub completion_tokens: IntCounter,
+    /// Stable-prefix churn by cause.
+    pub churn: IntCounterVec,
+    /// Bytes of tool output spilled to the artifact store.
+    pub spilled_bytes: IntCounter,
+    /// Tokens saved by deduplicating repeated tool outputs.
+    pub deduplicated_tokens: IntCounter,
+    /// Purges run through the memory tool.
+    pub purges: IntCounter,
+    /// Compactions run by the model.
+    pub compactions: IntCounter,
+    /// Memory-tool calls executed, by tool.
+    pub memory_tool_calls: IntCounterVec,
+    /// Requests blocked by the budget.
+    pub blocked_operations: IntCounter,
+    /// Requests answered from the response cache.
+    pub response_cache_hits: IntCounter,
+    /// Upstream calls by outcome.
+    pub upstream_calls: IntCounterVec,
+    /// Time the gateway adds to a request (excluding upstream time), seconds.
+    pub added_overhead: Histogram,
+    /// Time spent waiting for the upstream, seconds.
+    pub upstream_duration: Histogram,
+}
+
+fn counter_vec(
+    registry: &Registry,
+    name: &str,
+    help: &str,
+    labels: &[&str],
+) -> Result<IntCounterVec, MetricsError> {
+    let metric = IntCounterVec::new(Opts::new(name, help), labels)?;
+    registry.register(Box::new(metric.clone()))?;
+    Ok(metric)
+}
+
+fn counter(registry: &Registry, name: &str, help: &str) -> Result<IntCounter, MetricsError> {
+    let metric = IntCounter::new(name, help)?;
+    registry.register(Box::new(metric.clone()))?;
+    Ok(metric)
+}
+
+fn gauge(registry: &Registry, name: &str, help: &str) -> Result<IntGauge, MetricsError> {
+    let metric = IntGauge::new(name, help)?;
+    registry.register(Box::new(metric.clone()))?;
+    Ok(metric)
+}
+
+fn histogram(
+    registry: &Registry,
+    name: &str,
+    help: &str,
+    buckets: Vec<f64>,
+) -> Result<Histogram, MetricsError> {
+    let metric = Histogram::with_opts(HistogramOpts::new(name, help).buckets(buckets))?;
+    registry.register(Box::new(metric.clone()))?;
+    Ok(metric)
+}
+
+impl Metrics {
+    /// Registers every metric in a fresh registry.
+    pub fn new() -> Result<Self, MetricsError> {
+        let registry = Registry::new();
+        let overhead_buckets =
+            vec![25e-6, 50e-6, 100e-6, 150e-6, 250e-6, 500e-6, 1e-3, 2.5e-3, 5e-3, 10e-3, 50e-3];
+        let upstream_buckets = vec![1e-3, 10e-3, 100e-3, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0];
+        Ok(Self {
+            context_tokens: gauge(
+                &registry,
+                "strata_gateway_context_tokens",
+                "Tokens in the compiled context",
+            )?,
+            context_limit: gauge(
+                &registry,
+                "strata_gateway_context_limit_tokens",
+                "Context limit in tokens",
+            )?,
+            context_level: gauge(
+                &registry,
+                "strata_gateway_context_level",
+                "Budget level: 0 Normal, 1 Warning, 2 HighRisk, 3 Critical",
+            )?,
+            prompt_tokens: counter_vec(
+                &registry,
+                "strata_gateway_prompt_tokens_total",
+                "Prompt tokens reported by the provider, by kind",
+                &["kind"],
+            )?,
+            completion_tokens: counter(
+                &registry,
+                "strata_gateway_completion_tokens_total",
+                "Completion tokens reported by the provider",
+            )?,
+            churn: counter_vec(
+                &registry,
+                "strata_gateway_prefix_churn_total",
+                "Requests whose cached prefix changed, by cause",
+                &["cause"],
+            )?,
+            spilled_bytes: counter(
+                &registry,
+                "strata_gateway_spilled_bytes_total",
+                "Tool output bytes spilled",
+            )?,
+            deduplicated_tokens: counter(
+                &registry,
+                "strata_gateway_deduplicated_tokens_total",
+                "Tokens saved by replacing repeated tool outputs with references",
+            )?,
+            purges: counter(&registry, "strata_gateway_purges_total", "Purges run by the model")?,
+            compactions: counter(
+                &registry,
+                "strata_gateway_compactions_total",
+                "Compactions run by the model",
+            )?,
+            memory_tool_calls: counter_vec(
+                &registry,
+                "strata_gateway_memory_tool_calls_total",
+                "Memory tool calls executed, by tool",
+                &["tool"],
+            )?,
+            blocked_operations: counter(
+                &registry,
+                "strata_gateway_blocked_operations_total",
+                "Requests blocked by the context budget",
+            )?,
+            response_cache_hits: counter(
+                &registry,
+                "strata_gateway_response_cache_hits_total",
+                "Requests answered from the response cache",
+            )?,
+            upstream_calls: counter_vec(
+                &registry,
+                "strata_gateway_upstream_calls_total",
+                "Upstream calls by outcome",
+                &["outcome"],
+            )?,
+            added_overhead: histogram(
+                &registry,
+                "strata_gateway_added_overhead_seconds",
+                "Time the gateway adds to a request, upstream time excluded",
+                overhead_buckets,
+            )?,
+            upstream_duration: histogram(
+                &registry,
+                "strata_gateway_upstream_seconds",
+                "Time waiting for the upstream",
+                upstream_buckets,
+            )?,
+            registry,
+        })
+    }
+
+    /// The text exposition.
+    pub fn render(&self) -> Vec<u8> {
+        let mut out = Vec::new();
+        if let Err(error) = TextEncoder::new().encode(&self.registry.gather(), &mut out) {
+            tracing::error!(%error, "encoding metrics");
+        }
+        out
+    }
+}

@@ -1,0 +1,224 @@
+//! `strata gateway`: the context gateway sidecar, an OpenAI- and Anthropic-compatible proxy that
+//! journals every turn, compiles a cache-stable prompt, enforces the context budget and gives the
+//! model its memory tools.
+
+mod anthropic;
+mod body;
+pub mod config;
+pub mod conversation;
+mod engine;
+mod errors;
+mod fragments;
+mod inspect;
+mod ledger;
+mod memory_tools;
+mod metrics;
+mod openai;
+mod pending;
+mod pipeline;
+mod render_anthropic;
+mod render_openai;
+mod reporter;
+mod response_cache;
+mod server;
+mod sse;
+mod tier1;
+mod tool_schema;
+mod transparent;
+mod upstream;
+mod worker;
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::net::TcpListener;
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+
+pub use pipeline::SESSION_HEADER;
+
+/// Largest request body accepted by default (32 MiB).
+pub const DEFAULT_MAX_BODY_BYTES: usize = 32 * 1024 * 1024;
+
+/// Arguments of `strata gateway`.
+#[derive(Debug, Clone, clap::Args)]
+pub struct GatewayArgs {
+    /// gateway.json: upstream, model, effective policy, stable-prefix sources and cache key.
+    /// Changes to the file are applied without a restart.
+    #[arg(long)]
+    pub config: PathBuf,
+    /// The agent's data directory: journal, artifacts and gateway state.
+    #[arg(long)]
+    pub data_dir: PathBuf,
+    /// Address of the OpenAI/Anthropic-compatible API.
+    #[arg(long, default_value = "127.0.0.1:4100")]
+    pub listen: SocketAddr,
+    /// Address of the Prometheus metrics endpoint (`/metrics`).
+    #[arg(long, default_value = "0.0.0.0:9464")]
+    pub metrics_listen: SocketAddr,
+    /// Largest accepted request body in bytes; larger bodies get 413.
+    #[arg(long, default_value_t = DEFAULT_MAX_BODY_BYTES)]
+    pub max_body_bytes: usize,
+}
+
+/// Why the gateway cannot start.
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    /// gateway.json is unusable.
+    #[error(transparent)]
+    Config(#[from] config::ConfigError),
+    /// The data directory cannot be opened (locked by another writer, corrupt, unreadable).
+    #[error("data dir {path}: {source}")]
+    DataDir {
+        /// The data directory.
+        path: PathBuf,
+        /// The journal's (or state file's) error.
+        source: engine::EngineError,
+    },
+    /// The journal thread cannot be started.
+    #[error("starting the journal thread: {source}")]
+    Thread {
+        /// The OS error.
+        source: std::io::Error,
+    },
+    /// The HTTP client cannot be built.
+    #[error(transparent)]
+    Client(#[from] upstream::ClientError),
+    /// Metrics cannot be registered.
+    #[error(transparent)]
+    Metrics(#[from] metrics::MetricsError),
+    /// A listener cannot be bound.
+    #[error("binding {address}: {source}")]
+    Bind {
+        /// The address.
+        address: SocketAddr,
+        /// The I/O error.
+        source: std::io::Error,
+    },
+}
+
+/// A running gateway: its bound addresses and the handle to stop it.
+#[derive(Debug)]
+pub struct RunningGateway {
+    /// Where the API listens.
+    pub address: SocketAddr,
+    /// Where metrics are served.
+    pub metrics_address: SocketAddr,
+    shutdown: watch::Sender<bool>,
+    tasks: Vec<JoinHandle<()>>,
+    background: Vec<JoinHandle<()>>,
+    engine_thread: std::thread::JoinHandle<()>,
+}
+
+impl RunningGateway {
+    /// Stops accepting requests, waits for the servers to finish and releases the data directory.
+    pub async fn shutdown(self) {
+        let _ = self.shutdown.send(true);
+        for task in &self.background {
+            task.abort();
+        }
+        for task in self.tasks.into_iter().chain(self.background) {
+            let _ = task.await;
+        }
+        let engine_thread = self.engine_thread;
+        let _ = tokio::task::spawn_blocking(move || engine_thread.join()).await;
+    }
+}
+
+async fn bind(address: SocketAddr) -> Result<TcpListener, StartError> {
+    TcpListener::bind(address).await.map_err(|source| StartError::Bind { address, source })
+}
+
+fn serve(listener: TcpListener, router: axum::Router, mut stop: watch::Receiver<bool>) -> JoinHandle<()> {
+    tokio::spawn(async move {
+        let shutdown = async move {
+            let _ = stop.wait_for(|stopped| *stopped).await;
+        };
+        if let Err(error) = axum::serve(listener, router).with_graceful_shutdown(shutdown).await {
+            tracing::error!(%error, "server stopped");
+        }
+    })
+}
+
+/// Loads the config, opens the data directory (refusing a locked or corrupt one with the journal's
+/// error), binds both listeners and starts serving.
+pub async fn start(args: &GatewayArgs) -> Result<RunningGateway, StartError> {
+    let settings = config::Settings::load(&args.config)?;
+    let engine = engine::Engine::open(&args.data_dir, &settings)
+        .map_err(|source| StartError::DataDir { path: args.data_dir.clone(), source })?;
+    let (engine, engine_thread) =
+        worker::EngineWorker::spawn(engine).map_err(|source| StartError::Thread { source })?;
+    let upstream =
+        upstream::Upstream::new(Duration::from_secs(u64::from(settings.config.upstream.timeout_seconds)))?;
+    let live = config::LiveSettings::new(settings);
+    let gateway = Arc::new(pipeline::Gateway {
+        live: live.clone(),
+        engine,
+        upstream,
+        metrics: metrics::Metrics::new()?,
+        pending: pending::PendingOperations::default(),
+        inspect: inspect::InspectLog::default(),
+        max_body_bytes: args.max_body_bytes,
+        responses: response_cache::ResponseCache::default(),
+    });
+    let api = bind(args.listen).await?;
+    let metrics_listener = bind(args.metrics_listen).await?;
+    let address = api.local_addr().map_err(|source| StartError::Bind { address: args.listen, source })?;
+    let metrics_address = metrics_listener
+        .local_addr()
+        .map_err(|source| StartError::Bind { address: args.metrics_listen, source })?;
+    let (shutdown, stop) = watch::channel(false);
+    let mut background = vec![tokio::spawn(config::watch(args.config.clone(), live))];
+    if let Some(target) = reporter::ReportTarget::from_env() {
+        tracing::info!(agent = %target.name, namespace = %target.namespace, "reporting status.context to the Agent");
+        background.push(tokio::spawn(reporter::run(Arc::clone(&gateway), target)));
+    }
+    let tasks = vec![
+        serve(api, server::router(Arc::clone(&gateway)), stop.clone()),
+        serve(metrics_listener, server::metrics_router(gateway), stop),
+    ];
+    tracing::info!(%address, %metrics_address, "strata gateway listening");
+    Ok(RunningGateway { address, metrics_address, shutdown, tasks, background, engine_thread })
+}
+
+/// Runs `strata gateway` until SIGINT or SIGTERM.
+pub fn run(args: &GatewayArgs) -> anyhow::Result<()> {
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+        )
+        .try_init();
+    let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
+    runtime.block_on(async {
+        let running = start(args).await?;
+        wait_for_signal().await;
+        tracing::info!("stopping: finishing open requests");
+        running.shutdown().await;
+        Ok(())
+    })
+}
+
+async fn wait_for_signal() {
+    #[cfg(unix)]
+    {
+        let mut terminate = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(signal) => signal,
+            Err(error) => {
+                tracing::error!(%error, "cannot watch SIGTERM; stopping on Ctrl-C only");
+                let _ = tokio::signal::ctrl_c().await;
+                return;
+            }
+        };
+        tokio::select! {
+            _ = tokio::signal::ctrl_c() => {}
+            _ = terminate.recv() => {}
+        }
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = tokio::signal::ctrl_c().await;
+    }
+}

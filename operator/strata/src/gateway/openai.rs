@@ -1,0 +1,376 @@
+//! OpenAI chat completions: request parsing, response parsing and the client's view of answers,
+//! streamed or not, with the gateway's memory tools hidden.
+
+use std::collections::HashMap;
+
+use bytes::Bytes;
+use serde_json::{Value, json};
+use strata_core::entry::{Content, Role, ToolCall, ToolResult};
+
+use super::conversation::{Api, AssistantOutput, ChatRequest, Turn, Usage, text_of};
+use super::errors::GatewayError;
+use super::sse;
+use super::tool_schema::is_memory_tool;
+
+const CONSUMED_FIELDS: [&str; 5] = ["messages", "tools", "stream", "stream_options", "model"];
+
+fn bad(message: impl Into<String>) -> GatewayError {
+    GatewayError::BadRequest(message.into())
+}
+
+fn message_text(index: usize, message: &Value) -> Result<String, GatewayError> {
+    text_of(message.get("content").unwrap_or(&Value::Null)).map_err(|part| {
+        bad(format!(
+            "messages[{index}].content: part type {part} is not supported; the gateway journals text only"
+        ))
+    })
+}
+
+/// Parses a `POST /v1/chat/completions` body.
+pub fn parse_request(body: &[u8]) -> Result<ChatRequest, GatewayError> {
+    let value: Value = serde_json::from_slice(body)
+        .map_err(|error| bad(format!("request body is not valid JSON: {error}")))?;
+    let Value::Object(mut fields) = value else {
+        return Err(bad("request body must be a JSON object"));
+    };
+    if fields.contains_key("functions") || fields.contains_key("function_call") {
+        return Err(bad("`functions`/`function_call` are not supported; use `tools`"));
+    }
+    if fields.get("n").and_then(Value::as_u64).is_some_and(|n| n > 1) {
+        return Err(bad("`n` > 1 is not supported: the journal records one answer per turn"));
+    }
+    let Some(Value::Array(messages)) = fields.get("messages") else {
+        return Err(bad("`messages` is required and must be an array"));
+    };
+    let mut system = Vec::new();
+    let mut turns = Vec::with_capacity(messages.len());
+    for (index, message) in messages.iter().enumerate() {
+        let role = message.get("role").and_then(Value::as_str).unwrap_or_default();
+        match role {
+            "system" | "developer" => system.push(message_text(index, message)?),
+            "user" => {
+                turns.push(Turn { role: Role::User, content: Content::text(message_text(index, message)?) })
+            }
+            "assistant" => {
+                let mut content = Content::text(message_text(index, message)?);
+                if let Some(calls) = message.get("tool_calls").and_then(Value::as_array) {
+                    for (call_index, call) in calls.iter().enumerate() {
+                        let field = |name: &str| {
+                            call.get(name)
+                                .or_else(|| call.get("function").and_then(|f| f.get(name)))
+                                .and_then(Value::as_str)
+                                .ok_or_else(|| {
+                                    bad(format!(
+                                        "messages[{index}].tool_calls[{call_index}]: missing string `{name}`"
+                                    ))
+                                })
+                        };
+                        content.tool_calls.push(ToolCall {
+                            call_id: field("id")?.to_owned(),
+                            name: field("name")?.to_owned(),
+                            arguments_json: field("arguments")?.to_owned(),
+                        });
+                    }
+                }
+                turns.push(Turn { role: Role::Assistant, content });
+            }
+            "tool" => {
+                let call_id = message
+                    .get("tool_call_id")
+                    .and_then(Value::as_str)
+                    .ok_or_else(|| bad(format!("messages[{index}]: a tool message needs `tool_call_id`")))?;
+                let output = message_text(index, message)?;
+                turns.push(Turn {
+                    role: Role::Tool,
+                    content: Content {
+                        tool_results: vec![ToolResult { call_id: call_id.to_owned(), name: None, output }],
+                        ..Content::default()
+                    },
+                });
+            }
+            other => return Err(bad(format!("messages[{index}]: role {other:?} is not supported"))),
+        }
+    }
+    let stream = fields.get("stream").and_then(Value::as_bool).unwrap_or(false);
+    let wants_usage = fields
+        .get("stream_options")
+        .and_then(|options| options.get("include_usage"))
+        .and_then(Value::as_bool)
+        .unwrap_or(false);
+    let tools = match fields.get("tools") {
+        None | Some(Value::Null) => Vec::new(),
+        Some(Value::Array(tools)) => tools.clone(),
+        Some(_) => return Err(bad("`tools` must be an array")),
+    };
+    for field in CONSUMED_FIELDS {
+        fields.remove(field);
+    }
+    Ok(ChatRequest {
+        api: Api::OpenAi,
+        stream,
+        system_text: system.join("\n\n"),
+        turns,
+        tools,
+        params: fields,
+        wants_usage,
+    })
+}
+
+/// Usage from an OpenAI `usage` object.
+pub fn parse_usage(usage: &Value) -> Option<Usage> {
+    let prompt_tokens = usage.get("prompt_tokens")?.as_u64()?;
+    Some(Usage {
+        prompt_tokens,
+        cached_tokens: usage
+            .get("prompt_tokens_details")
+            .and_then(|details| details.get("cached_tokens"))
+            .and_then(Value::as_u64)
+            .unwrap_or(0),
+        cache_write_tokens: 0,
+        completion_tokens: usage.get("completion_tokens").and_then(Value::as_u64).unwrap_or(0),
+    })
+}
+
+/// Reads a non-streaming chat completion.
+pub fn parse_response(value: Value) -> Result<AssistantOutput, GatewayError> {
+    let choice = value
+        .get("choices")
+        .and_then(|choices| choices.get(0))
+        .ok_or_else(|| GatewayError::UpstreamProtocol("chat completion without choices".into()))?;
+    let message = choice.get("message").cloned().unwrap_or(Value::Null);
+    let text = text_of(message.get("content").unwrap_or(&Value::Null)).unwrap_or_default();
+    let mut tool_calls = Vec::new();
+    for call in message.get("tool_calls").and_then(Value::as_array).into_iter().flatten() {
+        let function = call.get("function").cloned().unwrap_or(Value::Null);
+        tool_calls.push(ToolCall {
+            call_id: call.get("id").and_then(Value::as_str).unwrap_or_default().to_owned(),
+            name: function.get("name").and_then(Value::as_str).unwrap_or_default().to_owned(),
+            arguments_json: function.get("arguments").and_then(Value::as_str).unwrap_or("{}").to_owned(),
+        });
+    }
+    Ok(AssistantOutput {
+        id: value.get("id").and_then(Value::as_str).unwrap_or_default().to_owned(),
+        text,
+        tool_calls,
+        stop_reason: choice.get("finish_reason").and_then(Value::as_str).unwrap_or_default().to_owned(),
+        usage: value.get("usage").and_then(parse_usage),
+        raw: Some(value),
+    })
+}
+
+fn usage_json(usage: &Usage) -> Value {
+    json!({
+        "prompt_tokens": usage.prompt_tokens,
+        "completion_tokens": usage.completion_tokens,
+        "total_tokens": usage.prompt_tokens + usage.completion_tokens,
+        "prompt_tokens_details": {"cached_tokens": usage.cached_tokens}
+    })
+}
+
+/// The client's view of the final answer: earlier rounds' text first, memory tool calls removed,
+/// usage summed over every round.
+pub fn client_response(final_output: &AssistantOutput, earlier_text: &str, total: &Usage) -> Value {
+    let mut raw = final_output.raw.clone().unwrap_or_else(|| json!({}));
+    if let Some(message) = raw.pointer_mut("/choices/0/message").and_then(Value::as_object_mut) {
+        if !earlier_text.is_empty() {
+            message.insert("content".into(), format!("{earlier_text}{}", final_output.text).into());
+        }
+        if let Some(Value::Array(calls)) = message.get_mut("tool_calls") {
+            calls.retain(|call| {
+                !call.pointer("/function/name").and_then(Value::as_str).is_some_and(is_memory_tool)
+            });
+            if calls.is_empty() {
+                message.remove("tool_calls");
+                if let Some(reason) = raw.pointer_mut("/choices/0/finish_reason")
+                    && reason == "tool_calls"
+                {
+                    *reason = "stop".into();
+                }
+            }
+        }
+    }
+    if raw.get("usage").is_some() {
+        raw["usage"] = usage_json(total);
+    }
+    raw
+}
+
+/// Translates upstream chunks of every round into one client stream.
+#[derive(Debug)]
+pub struct StreamTranslator {
+    wants_usage: bool,
+    id: Option<String>,
+    model: Value,
+    created: Value,
+    role_sent: bool,
+    next_client_index: u64,
+    client_index: HashMap<u64, Option<u64>>,
+    calls: Vec<(u64, ToolCall)>,
+    text: String,
+    finish: String,
+    usage: Option<Usage>,
+}
+
+impl StreamTranslator {
+    /// A translator; `wants_usage` says whether the client asked for the usage chunk.
+    pub fn new(wants_usage: bool) -> Self {
+        Self {
+            wants_usage,
+            id: None,
+            model: Value::Null,
+            created: Value::Null,
+            role_sent: false,
+            next_client_index: 0,
+            client_index: HashMap::new(),
+            calls: Vec::new(),
+            text: String::new(),
+            finish: String::new(),
+            usage: None,
+        }
+    }
+
+    fn has_visible_calls(&self) -> bool {
+        self.calls.iter().any(|(_, call)| !is_memory_tool(&call.name))
+    }
+
+    fn has_memory_calls(&self) -> bool {
+        self.calls.iter().any(|(_, call)| is_memory_tool(&call.name))
+    }
+
+    /// Handles one upstream event; returns the bytes to forward to the client.
+    pub fn on_event(&mut self, data: &str) -> Result<Option<Bytes>, GatewayError> {
+        if data.trim() == "[DONE]" {
+            return Ok(None);
+        }
+        let mut chunk: Value = serde_json::from_str(data)
+            .map_err(|error| GatewayError::UpstreamProtocol(format!("stream chunk is not JSON: {error}")))?;
+        if let Some(usage) = chunk.get("usage").and_then(parse_usage) {
+            self.usage = Some(usage);
+        }
+        if let Some(fields) = chunk.as_object_mut() {
+            fields.remove("usage");
+        }
+        match &self.id {
+            None => {
+                self.id = chunk.get("id").and_then(Value::as_str).map(str::to_owned);
+                self.model = chunk.get("model").cloned().unwrap_or(Value::Null);
+                self.created = chunk.get("created").cloned().unwrap_or(Value::Null);
+            }
+            Some(id) => {
+                if let Some(fields) = chunk.as_object_mut() {
+                    fields.insert("id".into(), id.clone().into());
+                }
+            }
+        }
+        let Some(choice) = chunk.pointer_mut("/choices/0").and_then(Value::as_object_mut) else {
+            return Ok(None);
+        };
+        let mut forward = false;
+        if let Some(delta) = choice.get_mut("delta").and_then(Value::as_object_mut) {
+            if delta.contains_key("role") {
+                if self.role_sent {
+                    delta.remove("role");
+                } else {
+                    self.role_sent = true;
+                    forward = true;
+                }
+            }
+            if let Some(text) = delta.get("content").and_then(Value::as_str) {
+                self.text.push_str(text);
+                forward |= !text.is_empty();
+            }
+            if let Some(Value::Array(calls)) = delta.get_mut("tool_calls") {
+                let mut visible = Vec::new();
+                for mut call in calls.drain(..) {
+                    let index = call.get("index").and_then(Value::as_u64).unwrap_or(0);
+                    let name = call.pointer("/function/name").and_then(Value::as_str).unwrap_or_default();
+                    let client_index = *self.client_index.entry(index).or_insert_with(|| {
+                        if is_memory_tool(name) {
+                            None
+                        } else {
+                            self.next_client_index += 1;
+                            Some(self.next_client_index - 1)
+                        }
+                    });
+                    let position = match self.calls.iter().position(|(i, _)| *i == index) {
+                        Some(position) => position,
+                        None => {
+                            self.calls.push((
+                                index,
+                                ToolCall {
+                                    call_id: String::new(),
+                                    name: String::new(),
+                                    arguments_json: String::new(),
+                                },
+                            ));
+                            self.calls.len() - 1
+                        }
+                    };
+                    let record = &mut self.calls[position].1;
+                    if let Some(id) = call.get("id").and_then(Value::as_str) {
+                        record.call_id.push_str(id);
+                    }
+                    record.name.push_str(name);
+                    if let Some(arguments) = call.pointer("/function/arguments").and_then(Value::as_str) {
+                        record.arguments_json.push_str(arguments);
+                    }
+                    if let Some(client_index) = client_index {
+                        call["index"] = client_index.into();
+                        visible.push(call);
+                    }
+                }
+                forward |= !visible.is_empty();
+                if visible.is_empty() {
+                    delta.remove("tool_calls");
+                } else {
+                    *calls = visible;
+                }
+            }
+        }
+        if let Some(reason) = choice.get("finish_reason").and_then(Value::as_str).map(str::to_owned) {
+            self.finish = reason;
+            if self.is_internal_round() {
+                choice.insert("finish_reason".into(), Value::Null);
+            } else {
+                forward = true;
+            }
+        }
+        Ok(forward.then(|| sse::encode(None, &chunk.to_string())))
+    }
+
+    /// Whether the round that just finished only called memory tools (the gateway continues).
+    pub fn is_internal_round(&self) -> bool {
+        self.has_memory_calls() && !self.has_visible_calls()
+    }
+
+    /// Ends a round: returns what the model said in it and resets the per-round state.
+    pub fn finish_round(&mut self) -> AssistantOutput {
+        self.client_index.clear();
+        AssistantOutput {
+            id: self.id.clone().unwrap_or_default(),
+            text: std::mem::take(&mut self.text),
+            tool_calls: std::mem::take(&mut self.calls).into_iter().map(|(_, call)| call).collect(),
+            stop_reason: std::mem::take(&mut self.finish),
+            usage: self.usage.take(),
+            raw: None,
+        }
+    }
+
+    /// The closing events: the usage chunk if the client asked for it, then `[DONE]`.
+    pub fn closing(&self, total: &Usage) -> Vec<Bytes> {
+        let mut out = Vec::new();
+        if self.wants_usage {
+            let chunk = json!({
+                "id": self.id.clone().unwrap_or_default(),
+                "object": "chat.completion.chunk",
+                "created": self.created,
+                "model": self.model,
+                "choices": [],
+                "usage": usage_json(total)
+            });
+            out.push(sse::encode(None, &chunk.to_string()));
+        }
+        out.push(sse::encode(None, "[DONE]"));
+        out
+    }
+}

@@ -1,0 +1,678 @@
+//! One chat request end to end: parse, journal the new turns, admit, compile, call the upstream,
+//! run memory tools in a bounded loop, journal the answer and reply in the client's shape.
+//!
+//! Streaming hides memory tools by name: tool-call deltas are held until the tool's name is known
+//! (OpenAI sends it in a call's first delta, Anthropic in `content_block_start`); a memory tool's
+//! deltas are dropped, every other delta is forwarded at once with its index renumbered. A round
+//! that called only memory tools has its finish event held back; the gateway runs the tools and
+//! streams the next round into the same client stream, so the client sees one answer.
+
+use std::convert::Infallible;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use axum::body::Body;
+use axum::http::{HeaderMap, HeaderValue, header};
+use axum::response::Response;
+use bytes::Bytes;
+use futures::StreamExt;
+use serde_json::{Map, Value};
+use strata_api::agent::{Provider, SessionMode};
+use strata_core::budget::{Admission, BudgetExceeded, BudgetLevel, OperationId, OperationRequest};
+use strata_core::entry::{Content, Role, ToolResult};
+use tokio::sync::mpsc;
+
+use super::config::{LiveSettings, Settings};
+use super::conversation::{Api, AssistantOutput, ChatRequest, Turn, Usage};
+use super::engine::{UpstreamCall, now_ms};
+use super::errors::GatewayError;
+use super::inspect::{InspectLog, RequestRecord, RoundRecord, cache_outcome};
+use super::metrics::Metrics;
+use super::pending::PendingOperations;
+use super::response_cache::{self, CacheKey, CachedAnswer, ResponseCache};
+use super::sse::{SseEvent, SseParser};
+use super::tool_schema::is_memory_tool;
+use super::transparent::{ChainHash, chain};
+use super::upstream::Upstream;
+use super::worker::EngineWorker;
+use super::{anthropic, memory_tools, openai};
+
+/// Upstream calls per client request at most (memory-tool rounds included).
+pub const MAX_ROUNDS: usize = 8;
+
+/// The header naming a stateful session.
+pub const SESSION_HEADER: &str = "x-strata-session";
+
+/// Shared state of a running gateway.
+#[derive(Debug)]
+pub struct Gateway {
+    /// The settings in force.
+    pub live: LiveSettings,
+    /// The agent's context, on its own thread.
+    pub engine: EngineWorker,
+    /// The upstream client.
+    pub upstream: Upstream,
+    /// Metrics.
+    pub metrics: Metrics,
+    /// Blocked requests.
+    pub pending: PendingOperations,
+    /// Recent requests for the inspector.
+    pub inspect: InspectLog,
+    /// Largest accepted request body.
+    pub max_body_bytes: usize,
+    /// Answers of tool-less transparent requests, when the policy enables the response cache.
+    pub responses: ResponseCache,
+}
+
+/// A request after its turns were journaled.
+struct Prepared {
+    settings: Arc<Settings>,
+    request: ChatRequest,
+    head: Map<String, Value>,
+    chain_tail: Option<ChainHash>,
+    record: RequestRecord,
+    overhead: Duration,
+    cache_key: Option<CacheKey>,
+    first_call: Option<Box<UpstreamCall>>,
+}
+
+fn api_name(api: Api) -> &'static str {
+    match api {
+        Api::OpenAi => "openai",
+        Api::Anthropic => "anthropic",
+    }
+}
+
+fn path_of(api: Api) -> &'static str {
+    match api {
+        Api::OpenAi => "chat/completions",
+        Api::Anthropic => "messages",
+    }
+}
+
+fn check_api(settings: &Settings, api: Api) -> Result<(), GatewayError> {
+    let provider = settings.provider();
+    let matches = match api {
+        Api::OpenAi => matches!(provider, Provider::OpenAI | Provider::OpenAICompatible),
+        Api::Anthropic => provider == Provider::Anthropic,
+    };
+    if matches {
+        return Ok(());
+    }
+    let right = if provider == Provider::Anthropic { "/v1/messages" } else { "/v1/chat/completions" };
+    Err(GatewayError::BadRequest(format!(
+        "this gateway's upstream is {provider:?}; send requests to {right} in that provider's format"
+    )))
+}
+
+fn level_value(level: BudgetLevel) -> i64 {
+    match level {
+        BudgetLevel::Normal => 0,
+        BudgetLevel::Warning => 1,
+        BudgetLevel::HighRisk => 2,
+        BudgetLevel::Critical => 3,
+    }
+}
+
+/// New input this large (in tokens) counts as a high-volume operation: a result about the size of
+/// an unspilled tool output at the spill threshold (about 4 characters per token).
+fn high_volume_tokens(settings: &Settings) -> u64 {
+    (settings.spill.max_result_chars as u64 / 4).max(1)
+}
+
+fn upstream_head(settings: &Settings, request: &ChatRequest) -> Map<String, Value> {
+    let mut head = request.params.clone();
+    head.insert("model".into(), settings.config.upstream.model.clone().into());
+    if request.stream {
+        head.insert("stream".into(), true.into());
+    }
+    match settings.provider() {
+        Provider::OpenAI => {
+            head.insert("prompt_cache_key".into(), settings.config.cache_key.clone().into());
+        }
+        Provider::OpenAICompatible => {
+            head.insert("cache_salt".into(), settings.config.cache_key.clone().into());
+        }
+        Provider::Anthropic => {}
+    }
+    if request.stream && request.api == Api::OpenAi {
+        head.insert("stream_options".into(), serde_json::json!({"include_usage": true}));
+    }
+    head
+}
+
+/// What the engine thread decided about a request's new turns.
+enum Intake {
+    /// Journaled.
+    Admitted {
+        new_entries: usize,
+        spilled_bytes: u64,
+        deduplicated: u64,
+        chain_tail: Option<ChainHash>,
+        first_call: Box<UpstreamCall>,
+    },
+    /// Blocked by the budget; nothing was journaled.
+    Blocked(BudgetExceeded),
+}
+
+async fn prepare(
+    gateway: &Arc<Gateway>,
+    api: Api,
+    headers: &HeaderMap,
+    body: &Bytes,
+) -> Result<Prepared, GatewayError> {
+    let started = Instant::now();
+    let settings = gateway.live.get();
+    check_api(&settings, api)?;
+    let request = match api {
+        Api::OpenAi => openai::parse_request(body)?,
+        Api::Anthropic => anthropic::parse_request(body)?,
+    };
+    let has_session = headers.contains_key(SESSION_HEADER);
+    if settings.config.session_mode == SessionMode::Stateful && !has_session {
+        return Err(GatewayError::BadRequest(format!(
+            "this agent's session mode is Stateful: send only the new messages, with an {SESSION_HEADER} header"
+        )));
+    }
+    let transparent = !has_session;
+    let operation_id = OperationId::from_request(api_name(api), body);
+    let mut record = RequestRecord {
+        operation_id: operation_id.to_string(),
+        at_ms: now_ms(),
+        api: api_name(api),
+        stream: request.stream,
+        session: if transparent { "transparent" } else { "stateful" },
+        new_entries: 0,
+        rounds: Vec::new(),
+        overhead_micros: 0,
+        outcome: String::new(),
+    };
+    let work_settings = Arc::clone(&settings);
+    let operation = operation_id.clone();
+    let head = upstream_head(&settings, &request);
+    let work_head = head.clone();
+    let (request, intake) = gateway
+        .engine
+        .run(move |engine| {
+            let settings = work_settings;
+            engine.refresh(&settings, false)?;
+            engine.prepare_prefix(&settings, &request.system_text, &request.tools)?;
+            let (first_new, chains) = engine.new_turns(&request.turns, transparent);
+            let now = now_ms();
+            let mut drafts = Vec::with_capacity(request.turns.len() - first_new);
+            let mut spilled_bytes = 0;
+            for turn in &request.turns[first_new..] {
+                let (draft, spilled) = engine.draft(&settings, turn, now)?;
+                spilled_bytes += spilled;
+                drafts.push(draft);
+            }
+            let estimated_tokens: u64 = drafts.iter().map(|draft| draft.tokens).sum();
+            let admission = OperationRequest {
+                operation_id: operation,
+                estimated_tokens,
+                high_volume: estimated_tokens >= high_volume_tokens(&settings),
+            };
+            if let Admission::Blocked(notice) = engine.admit(&settings, &admission)? {
+                return Ok((request, Intake::Blocked(notice)));
+            }
+            let new_entries = drafts.len();
+            let deduplicated = engine.append(drafts)?;
+            engine.remember_chain(&chains);
+            let chain_tail = transparent.then(|| chains.last().copied().unwrap_or([0; 32]));
+            let first_call = Box::new(engine.plan_call(&settings, work_head)?);
+            Ok((
+                request,
+                Intake::Admitted { new_entries, spilled_bytes, deduplicated, chain_tail, first_call },
+            ))
+        })
+        .await?;
+    let (new_entries, spilled_bytes, deduplicated, chain_tail, first_call) = match intake {
+        Intake::Admitted { new_entries, spilled_bytes, deduplicated, chain_tail, first_call } => {
+            (new_entries, spilled_bytes, deduplicated, chain_tail, first_call)
+        }
+        Intake::Blocked(notice) => {
+            gateway.metrics.blocked_operations.inc();
+            gateway.pending.insert(operation_id.as_str(), api, headers.clone(), body.clone());
+            record.outcome = "blocked".into();
+            record.overhead_micros = elapsed_micros(started.elapsed());
+            gateway.inspect.push(record);
+            return Err(GatewayError::Blocked(Box::new(notice)));
+        }
+    };
+    record.new_entries = new_entries;
+    gateway.pending.remove(operation_id.as_str());
+    gateway.metrics.spilled_bytes.inc_by(spilled_bytes);
+    gateway.metrics.deduplicated_tokens.inc_by(deduplicated);
+    Ok(Prepared {
+        first_call: Some(first_call),
+        chain_tail,
+        settings,
+        request,
+        head,
+        record,
+        overhead: started.elapsed(),
+        cache_key: None,
+    })
+}
+
+fn elapsed_micros(duration: Duration) -> u64 {
+    u64::try_from(duration.as_micros()).unwrap_or(u64::MAX)
+}
+
+/// The next upstream call: the one compiled with the request's turns, or a fresh compile.
+async fn plan(gateway: &Gateway, prepared: &mut Prepared) -> Result<UpstreamCall, GatewayError> {
+    let started = Instant::now();
+    let call = match prepared.first_call.take() {
+        Some(call) => *call,
+        None => {
+            let settings = Arc::clone(&prepared.settings);
+            let head = prepared.head.clone();
+            gateway.engine.run(move |engine| engine.plan_call(&settings, head)).await?
+        }
+    };
+    gateway.metrics.churn.with_label_values(&[call.churn.label()]).inc();
+    gateway.metrics.context_tokens.set(i64::try_from(call.status.tokens).unwrap_or(i64::MAX));
+    gateway.metrics.context_limit.set(i64::try_from(call.status.limit).unwrap_or(i64::MAX));
+    gateway.metrics.context_level.set(level_value(call.status.level));
+    prepared.overhead += started.elapsed();
+    Ok(call)
+}
+
+/// What running a round's memory tools did.
+#[derive(Default)]
+struct MemoryEffects {
+    purges: u64,
+    compactions: u64,
+}
+
+/// Journals one round's answer, learns from its usage and runs its memory tools. Returns whether
+/// the round only called memory tools (the gateway calls the model again).
+async fn record_round(
+    gateway: &Gateway,
+    prepared: &mut Prepared,
+    call: UpstreamCall,
+    output: &AssistantOutput,
+    upstream_time: Duration,
+    total: &mut Usage,
+) -> Result<bool, GatewayError> {
+    let started = Instant::now();
+    let settings = Arc::clone(&prepared.settings);
+    let memory_calls: Vec<_> =
+        output.tool_calls.iter().filter(|c| is_memory_tool(&c.name)).cloned().collect();
+    let internal = !memory_calls.is_empty() && memory_calls.len() == output.tool_calls.len();
+    let content = Content {
+        text: output.text.clone(),
+        tool_calls: output.tool_calls.clone(),
+        tool_results: Vec::new(),
+    };
+    let usage = output.usage;
+    let estimated = call.status.tokens;
+    let calls = memory_calls.clone();
+    let effects = gateway
+        .engine
+        .run(move |engine| {
+            engine.append_own(&settings, Role::Assistant, content)?;
+            if let Some(usage) = usage {
+                engine.observe_usage(estimated, usage.prompt_tokens)?;
+            }
+            let mut effects = MemoryEffects::default();
+            for memory_call in &calls {
+                let outcome = memory_tools::execute(engine, &settings, memory_call)?;
+                effects.purges += u64::from(outcome.purged);
+                effects.compactions += u64::from(outcome.compacted);
+                let result = ToolResult {
+                    call_id: memory_call.call_id.clone(),
+                    name: Some(memory_call.name.clone()),
+                    output: outcome.output,
+                };
+                engine.append_own(
+                    &settings,
+                    Role::Tool,
+                    Content { tool_results: vec![result], ..Content::default() },
+                )?;
+            }
+            Ok(effects)
+        })
+        .await?;
+    let metrics = &gateway.metrics;
+    for memory_call in &memory_calls {
+        metrics.memory_tool_calls.with_label_values(&[memory_call.name.as_str()]).inc();
+    }
+    metrics.purges.inc_by(effects.purges);
+    metrics.compactions.inc_by(effects.compactions);
+    if let Some(usage) = &output.usage {
+        total.add(usage);
+        metrics.prompt_tokens.with_label_values(&["fresh"]).inc_by(usage.fresh_tokens());
+        metrics.prompt_tokens.with_label_values(&["cached"]).inc_by(usage.cached_tokens);
+        metrics.prompt_tokens.with_label_values(&["cache_write"]).inc_by(usage.cache_write_tokens);
+        metrics.completion_tokens.inc_by(usage.completion_tokens);
+    }
+    metrics.upstream_calls.with_label_values(&["ok"]).inc();
+    metrics.upstream_duration.observe(upstream_time.as_secs_f64());
+    prepared.record.rounds.push(RoundRecord {
+        sections: call.sections,
+        breakpoints: call.breakpoints,
+        churn: call.churn,
+        status: call.status,
+        usage: output.usage,
+        cache_outcome: cache_outcome(output.usage.as_ref()),
+        memory_calls: memory_calls.iter().map(|c| c.name.clone()).collect(),
+        upstream_micros: elapsed_micros(upstream_time),
+    });
+    prepared.overhead += started.elapsed();
+    Ok(internal)
+}
+
+/// Remembers the answer the client saw, so its echo in the next transparent request is recognised.
+async fn remember_answer(gateway: &Gateway, prepared: &Prepared, visible: &Turn) -> Result<(), GatewayError> {
+    if let Some(tail) = prepared.chain_tail {
+        let value = chain(&tail, visible);
+        gateway
+            .engine
+            .run(move |engine| {
+                engine.remember_chain(&[value]);
+                Ok(())
+            })
+            .await?;
+    }
+    Ok(())
+}
+
+fn visible_turn(api: Api, texts: &[String], final_output: &AssistantOutput) -> Turn {
+    let mut turn = final_output.visible_turn(is_memory_tool);
+    turn.content.text = match api {
+        Api::OpenAi => texts.concat(),
+        Api::Anthropic => anthropic::join_texts(texts.iter().map(String::as_str)),
+    };
+    turn
+}
+
+fn finish_record(gateway: &Gateway, mut prepared: Prepared, outcome: &str) {
+    prepared.record.outcome = outcome.to_owned();
+    prepared.record.overhead_micros = elapsed_micros(prepared.overhead);
+    gateway.metrics.added_overhead.observe(prepared.overhead.as_secs_f64());
+    gateway.inspect.push(prepared.record);
+}
+
+fn parse_answer(api: Api, bytes: &[u8]) -> Result<AssistantOutput, GatewayError> {
+    let value: Value = serde_json::from_slice(bytes)
+        .map_err(|error| GatewayError::UpstreamProtocol(format!("answer is not JSON: {error}")))?;
+    match api {
+        Api::OpenAi => openai::parse_response(value),
+        Api::Anthropic => anthropic::parse_response(value),
+    }
+}
+
+async fn complete(
+    gateway: &Gateway,
+    mut prepared: Prepared,
+    headers: &HeaderMap,
+) -> Result<Response, GatewayError> {
+    let api = prepared.request.api;
+    let mut texts: Vec<String> = Vec::new();
+    let mut total = Usage::default();
+    for _ in 0..MAX_ROUNDS {
+        let mut call = plan(gateway, &mut prepared).await?;
+        let body = std::mem::take(&mut call.body);
+        let upstream_started = Instant::now();
+        let response = gateway.upstream.post(&prepared.settings, path_of(api), body, headers, false).await;
+        let response =
+            response.inspect_err(|_| gateway.metrics.upstream_calls.with_label_values(&["error"]).inc())?;
+        let bytes = Upstream::read_body(&prepared.settings, response).await?;
+        let upstream_time = upstream_started.elapsed();
+        let output = parse_answer(api, &bytes)?;
+        let internal = record_round(gateway, &mut prepared, call, &output, upstream_time, &mut total).await?;
+        texts.push(output.text.clone());
+        if internal {
+            continue;
+        }
+        let started = Instant::now();
+        let earlier = &texts[..texts.len() - 1];
+        let body = match api {
+            Api::OpenAi => openai::client_response(&output, &earlier.concat(), &total),
+            Api::Anthropic => anthropic::client_response(&output, earlier, &total),
+        };
+        remember_answer(gateway, &prepared, &visible_turn(api, &texts, &output)).await?;
+        let body = Bytes::from(body.to_string());
+        if let Some(key) = prepared.cache_key
+            && texts.len() == 1
+        {
+            gateway.responses.put(key, false, body.clone(), response_cache_ttl(&prepared.settings));
+        }
+        prepared.overhead += started.elapsed();
+        finish_record(gateway, prepared, "ok");
+        return Ok(bytes_response(false, body));
+    }
+    finish_record(gateway, prepared, "memory_loop");
+    Err(GatewayError::MemoryLoop { rounds: MAX_ROUNDS })
+}
+
+enum Translator {
+    OpenAi(openai::StreamTranslator),
+    Anthropic(anthropic::StreamTranslator),
+}
+
+impl Translator {
+    fn on_event(&mut self, event: &SseEvent) -> Result<Option<Bytes>, GatewayError> {
+        match self {
+            Translator::OpenAi(translator) => translator.on_event(&event.data),
+            Translator::Anthropic(translator) => translator.on_event(event.event.as_deref(), &event.data),
+        }
+    }
+
+    fn finish_round(&mut self) -> AssistantOutput {
+        match self {
+            Translator::OpenAi(translator) => translator.finish_round(),
+            Translator::Anthropic(translator) => translator.finish_round(),
+        }
+    }
+
+    fn closing(&self, total: &Usage) -> Vec<Bytes> {
+        match self {
+            Translator::OpenAi(translator) => translator.closing(total),
+            Translator::Anthropic(translator) => translator.closing(),
+        }
+    }
+}
+
+fn stream_error_event(api: Api, error: &GatewayError) -> Bytes {
+    let body = error.body(api).to_string();
+    match api {
+        Api::OpenAi => super::sse::encode(None, &body),
+        Api::Anthropic => super::sse::encode(Some("error"), &body),
+    }
+}
+
+struct ClientStream {
+    sender: mpsc::Sender<Result<Bytes, Infallible>>,
+    connected: bool,
+    copy: Option<Vec<u8>>,
+}
+
+impl ClientStream {
+    async fn send(&mut self, bytes: Bytes) {
+        if let Some(copy) = &mut self.copy {
+            copy.extend_from_slice(&bytes);
+        }
+        if self.connected && self.sender.send(Ok(bytes)).await.is_err() {
+            self.connected = false;
+        }
+    }
+}
+
+async fn stream_rounds(
+    gateway: Arc<Gateway>,
+    mut prepared: Prepared,
+    headers: HeaderMap,
+    first: (UpstreamCall, reqwest::Response, Instant),
+    mut client: ClientStream,
+) {
+    let api = prepared.request.api;
+    let mut translator = match api {
+        Api::OpenAi => Translator::OpenAi(openai::StreamTranslator::new(prepared.request.wants_usage)),
+        Api::Anthropic => Translator::Anthropic(anthropic::StreamTranslator::default()),
+    };
+    let mut texts: Vec<String> = Vec::new();
+    let mut total = Usage::default();
+    let (mut call, mut response, mut upstream_started) = first;
+    for round in 0..MAX_ROUNDS {
+        let mut parser = SseParser::default();
+        let mut chunks = response.bytes_stream();
+        let mut failure = None;
+        'read: while let Some(chunk) = chunks.next().await {
+            let chunk = match chunk {
+                Ok(chunk) => chunk,
+                Err(error) => {
+                    failure = Some(GatewayError::UpstreamUnreachable {
+                        url: super::upstream::url(&prepared.settings, path_of(api)),
+                        reason: error.to_string(),
+                    });
+                    break 'read;
+                }
+            };
+            for event in parser.push(&chunk) {
+                match translator.on_event(&event) {
+                    Ok(Some(bytes)) => client.send(bytes).await,
+                    Ok(None) => {}
+                    Err(error) => {
+                        failure = Some(error);
+                        break 'read;
+                    }
+                }
+            }
+        }
+        if failure.is_none()
+            && let Some(event) = parser.finish()
+        {
+            match translator.on_event(&event) {
+                Ok(Some(bytes)) => client.send(bytes).await,
+                Ok(None) => {}
+                Err(error) => failure = Some(error),
+            }
+        }
+        if let Some(error) = failure {
+            client.send(stream_error_event(api, &error)).await;
+            finish_record(&gateway, prepared, &error.to_string());
+            return;
+        }
+        let upstream_time = upstream_started.elapsed();
+        let output = translator.finish_round();
+        let internal =
+            match record_round(&gateway, &mut prepared, call, &output, upstream_time, &mut total).await {
+                Ok(internal) => internal,
+                Err(error) => {
+                    client.send(stream_error_event(api, &error)).await;
+                    finish_record(&gateway, prepared, &error.to_string());
+                    return;
+                }
+            };
+        texts.push(output.text.clone());
+        if !internal {
+            for bytes in translator.closing(&total) {
+                client.send(bytes).await;
+            }
+            let outcome =
+                match remember_answer(&gateway, &prepared, &visible_turn(api, &texts, &output)).await {
+                    Ok(()) => "ok".to_owned(),
+                    Err(error) => error.to_string(),
+                };
+            if let (Some(key), Some(copy), 1) = (prepared.cache_key, client.copy.take(), texts.len()) {
+                gateway.responses.put(key, true, Bytes::from(copy), response_cache_ttl(&prepared.settings));
+            }
+            finish_record(&gateway, prepared, &outcome);
+            return;
+        }
+        if round + 1 == MAX_ROUNDS {
+            break;
+        }
+        let next = async {
+            let mut next_call = plan(&gateway, &mut prepared).await?;
+            let started = Instant::now();
+            let body = std::mem::take(&mut next_call.body);
+            let response =
+                gateway.upstream.post(&prepared.settings, path_of(api), body, &headers, true).await?;
+            Ok::<_, GatewayError>((next_call, response, started))
+        };
+        match next.await {
+            Ok((next_call, next_response, started)) => {
+                call = next_call;
+                response = next_response;
+                upstream_started = started;
+            }
+            Err(error) => {
+                client.send(stream_error_event(api, &error)).await;
+                finish_record(&gateway, prepared, &error.to_string());
+                return;
+            }
+        }
+    }
+    let error = GatewayError::MemoryLoop { rounds: MAX_ROUNDS };
+    client.send(stream_error_event(api, &error)).await;
+    finish_record(&gateway, prepared, "memory_loop");
+}
+
+async fn stream(
+    gateway: Arc<Gateway>,
+    mut prepared: Prepared,
+    headers: HeaderMap,
+) -> Result<Response, GatewayError> {
+    let api = prepared.request.api;
+    let mut call = plan(&gateway, &mut prepared).await?;
+    let started = Instant::now();
+    let body = std::mem::take(&mut call.body);
+    let response = gateway.upstream.post(&prepared.settings, path_of(api), body, &headers, true).await;
+    let response =
+        response.inspect_err(|_| gateway.metrics.upstream_calls.with_label_values(&["error"]).inc())?;
+    let (sender, receiver) = mpsc::channel::<Result<Bytes, Infallible>>(64);
+    let client = ClientStream { sender, connected: true, copy: prepared.cache_key.map(|_| Vec::new()) };
+    tokio::spawn(stream_rounds(gateway, prepared, headers, (call, response, started), client));
+    let body = futures::stream::unfold(receiver, |mut receiver| async move {
+        receiver.recv().await.map(|item| (item, receiver))
+    });
+    let mut response = Response::new(Body::from_stream(body));
+    response.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static("text/event-stream"));
+    response.headers_mut().insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
+    Ok(response)
+}
+
+fn response_cache_ttl(settings: &Settings) -> Duration {
+    Duration::from_secs(u64::from(settings.config.policy.cache.response_cache_ttl_seconds))
+}
+
+fn bytes_response(stream: bool, body: Bytes) -> Response {
+    let mut response = Response::new(Body::from(body));
+    let content_type = if stream { "text/event-stream" } else { "application/json" };
+    response.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static(content_type));
+    response
+}
+
+fn cached_response(answer: CachedAnswer) -> Response {
+    bytes_response(answer.stream, answer.body)
+}
+
+/// Serves one chat request on `api`.
+pub async fn chat(
+    gateway: Arc<Gateway>,
+    api: Api,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Result<Response, GatewayError> {
+    let ttl = response_cache_ttl(&gateway.live.get());
+    let cache_key =
+        (!ttl.is_zero() && !headers.contains_key(SESSION_HEADER)).then(|| response_cache::key(api, &body));
+    if let Some(key) = &cache_key
+        && let Some(answer) = gateway.responses.get(key, ttl)
+    {
+        gateway.metrics.response_cache_hits.inc();
+        return Ok(cached_response(answer));
+    }
+    let mut prepared = prepare(&gateway, api, &headers, &body).await?;
+    if prepared.request.tools.is_empty() {
+        prepared.cache_key = cache_key;
+    }
+    if prepared.request.stream {
+        stream(gateway, prepared, headers).await
+    } else {
+        complete(&gateway, prepared, &headers).await
+    }
+}

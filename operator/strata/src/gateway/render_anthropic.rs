@@ -1,0 +1,169 @@
+//! The upstream body of an Anthropic message request built from the compiled packet, with
+//! `cache_control` breakpoints where the compiler placed them.
+
+use std::collections::HashSet;
+
+use bytes::Bytes;
+use serde_json::{Map, Value, json};
+use strata_core::compiler::{Breakpoint, Packet, RenderedEntry};
+use strata_core::entry::{EntryId, Role};
+
+use super::body::ChunkedBody;
+use super::fragments::{FragmentCache, Rendered};
+use super::ledger::CallLedger;
+use super::tier1::{Tier1Json, ephemeral};
+
+/// Text that opens the conversation when its first kept entry is the assistant's.
+pub const LEADING_USER_TEXT: &str = "[strata: earlier context continues]";
+
+fn blocks(entry: &RenderedEntry, ledger: &CallLedger) -> (Vec<Value>, bool, bool) {
+    let text = |text: &str| json!({"type": "text", "text": text});
+    match entry.role {
+        Role::User | Role::System => (vec![text(&entry.text)], true, false),
+        Role::Assistant => {
+            let mut out = vec![text(&entry.text)];
+            let mut complete = true;
+            for call in &entry.tool_calls {
+                if !ledger.is_answered(&call.call_id) {
+                    complete = false;
+                    continue;
+                }
+                let input = serde_json::from_str::<Value>(&call.arguments_json)
+                    .ok()
+                    .filter(Value::is_object)
+                    .unwrap_or_else(|| json!({}));
+                out.push(json!({"type": "tool_use", "id": call.call_id, "name": call.name, "input": input}));
+            }
+            (out, complete, true)
+        }
+        Role::Tool => {
+            let mut issued = entry.answers_calls.iter().filter(|call| ledger.is_issued(call));
+            let Some(first) = issued.next() else {
+                return (vec![text(&entry.text)], true, false);
+            };
+            let mut out = vec![json!({"type": "tool_result", "tool_use_id": first, "content": entry.text})];
+            for other in issued {
+                out.push(json!({"type": "tool_result", "tool_use_id": other, "content": format!("[see {}]", entry.id)}));
+            }
+            (out, true, false)
+        }
+    }
+}
+
+fn join(values: &[Value]) -> String {
+    values.iter().map(Value::to_string).collect::<Vec<_>>().join(",")
+}
+
+/// One Tier-2 entry as comma-separated Anthropic content blocks.
+pub fn fragment(entry: &RenderedEntry, ledger: &CallLedger) -> Rendered {
+    let (values, complete, assistant) = blocks(entry, ledger);
+    Rendered { json: join(&values), complete, assistant }
+}
+
+fn fragment_with_breakpoint(entry: &RenderedEntry, ledger: &CallLedger) -> (String, bool) {
+    let (mut values, _, assistant) = blocks(entry, ledger);
+    if let Some(Value::Object(last)) = values.last_mut() {
+        last.insert("cache_control".into(), ephemeral());
+    }
+    (join(&values), assistant)
+}
+
+struct Messages {
+    out: ChunkedBody,
+    side: Option<bool>,
+}
+
+impl Messages {
+    fn block(&mut self, assistant: bool, json: Bytes) {
+        match self.side {
+            Some(side) if side == assistant => self.out.push_static(b","),
+            Some(_) => {
+                self.out.push_static(b"]},");
+                self.open(assistant);
+            }
+            None => {
+                if assistant {
+                    self.open(false);
+                    let leading = json!({"type": "text", "text": LEADING_USER_TEXT}).to_string();
+                    self.out.push(Bytes::from(leading));
+                    self.out.push_static(b"]},");
+                }
+                self.open(assistant);
+            }
+        }
+        self.out.push(json);
+    }
+
+    fn open(&mut self, assistant: bool) {
+        if assistant {
+            self.out.push_static(b"{\"role\":\"assistant\",\"content\":[");
+        } else {
+            self.out.push_static(b"{\"role\":\"user\",\"content\":[");
+        }
+        self.side = Some(assistant);
+    }
+}
+
+/// Serialises the request: `head` (model, parameters), Tier 1 with its breakpoint, Tier 2 with entry
+/// breakpoints, and the Tier-3 telemetry as a final text block of the last user message.
+pub fn body(
+    head: Map<String, Value>,
+    tier1: &Tier1Json,
+    packet: &Packet<'_>,
+    cache: &mut FragmentCache,
+    ledger: &CallLedger,
+) -> ChunkedBody {
+    let tier1_breakpoint = packet.breakpoints.contains(&Breakpoint::Tier1);
+    let entry_breakpoints: HashSet<EntryId> = packet
+        .breakpoints
+        .iter()
+        .filter_map(|point| match point {
+            Breakpoint::Entry { id } => Some(*id),
+            Breakpoint::Tier1 => None,
+        })
+        .collect();
+    let mut out = ChunkedBody::with_capacity(2 * packet.entries.len() + 16);
+    let mut head = Value::Object(head).to_string();
+    head.pop();
+    let has_fields = head.len() > 1;
+    out.push(Bytes::from(head));
+    if has_fields {
+        out.push_static(b",");
+    }
+    let system_has_text = !tier1.system_text.is_empty();
+    if system_has_text {
+        out.push_static(b"\"system\":");
+        let system = if tier1_breakpoint { &tier1.system_json_breakpoint } else { &tier1.system_json };
+        out.push(system.clone());
+        out.push_static(b",");
+    }
+    if !tier1.tools.is_empty() {
+        out.push_static(b"\"tools\":");
+        let tools = if tier1_breakpoint && !system_has_text {
+            &tier1.tools_json_breakpoint
+        } else {
+            &tier1.tools_json
+        };
+        out.push(tools.clone());
+        out.push_static(b",");
+    }
+    out.push_static(b"\"messages\":[");
+    let mut messages = Messages { out, side: None };
+    for (index, entry) in packet.entries.iter().enumerate() {
+        if !entry.included {
+            continue;
+        }
+        if entry_breakpoints.contains(&entry.id) {
+            let (json, assistant) = fragment_with_breakpoint(entry, ledger);
+            messages.block(assistant, Bytes::from(json));
+        } else {
+            let fragment = cache.get(index, entry, |entry| fragment(entry, ledger));
+            messages.block(fragment.assistant, fragment.json.clone());
+        }
+    }
+    let telemetry = json!({"type": "text", "text": packet.telemetry}).to_string();
+    messages.block(false, Bytes::from(telemetry));
+    let mut out = messages.out;
+    out.push_static(b"]}]}");
+    out
+}

@@ -1,0 +1,198 @@
+//! HTTP routes: the provider APIs, health, introspection, operation resume and metrics.
+
+use std::sync::Arc;
+
+use axum::Router;
+use axum::body::{Body, to_bytes};
+use axum::extract::{Path, Request, State};
+use axum::http::{HeaderValue, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use serde_json::json;
+use strata_api::agent::Provider;
+
+use super::conversation::Api;
+use super::errors::{GatewayError, json_response};
+use super::pipeline::{Gateway, chat};
+
+/// Requests shown by `GET /strata/v1/inspect` unless `?limit=` says otherwise.
+const DEFAULT_INSPECT_LIMIT: usize = 10;
+
+/// The API router.
+pub fn router(gateway: Arc<Gateway>) -> Router {
+    Router::new()
+        .route("/v1/chat/completions", post(openai_chat))
+        .route("/v1/messages", post(anthropic_chat))
+        .route("/v1/models", get(models))
+        .route("/healthz", get(healthz))
+        .route("/readyz", get(readyz))
+        .route("/strata/v1/status", get(status))
+        .route("/strata/v1/entries", get(entries))
+        .route("/strata/v1/inspect", get(inspect))
+        .route("/strata/v1/operations/{id}/resume", post(resume))
+        .with_state(gateway)
+}
+
+/// The metrics router.
+pub fn metrics_router(gateway: Arc<Gateway>) -> Router {
+    Router::new().route("/metrics", get(metrics)).with_state(gateway)
+}
+
+async fn read_body(
+    gateway: &Gateway,
+    request: Request,
+) -> Result<(axum::http::HeaderMap, bytes::Bytes), GatewayError> {
+    let limit = gateway.max_body_bytes;
+    let declared = request
+        .headers()
+        .get(header::CONTENT_LENGTH)
+        .and_then(|value| value.to_str().ok())
+        .and_then(|value| value.parse::<usize>().ok());
+    if declared.is_some_and(|length| length > limit) {
+        return Err(GatewayError::PayloadTooLarge { limit });
+    }
+    let (parts, body) = request.into_parts();
+    let bytes = to_bytes(body, limit).await.map_err(|_| GatewayError::PayloadTooLarge { limit })?;
+    Ok((parts.headers, bytes))
+}
+
+async fn serve_chat(gateway: Arc<Gateway>, api: Api, request: Request) -> Response {
+    let (headers, body) = match read_body(&gateway, request).await {
+        Ok(read) => read,
+        Err(error) => return error.into_response_for(api),
+    };
+    match chat(gateway, api, headers, body).await {
+        Ok(response) => response,
+        Err(error) => error.into_response_for(api),
+    }
+}
+
+async fn openai_chat(State(gateway): State<Arc<Gateway>>, request: Request) -> Response {
+    serve_chat(gateway, Api::OpenAi, request).await
+}
+
+async fn anthropic_chat(State(gateway): State<Arc<Gateway>>, request: Request) -> Response {
+    serve_chat(gateway, Api::Anthropic, request).await
+}
+
+fn provider_api(gateway: &Gateway) -> Api {
+    match gateway.live.get().provider() {
+        Provider::Anthropic => Api::Anthropic,
+        Provider::OpenAI | Provider::OpenAICompatible => Api::OpenAi,
+    }
+}
+
+async fn models(State(gateway): State<Arc<Gateway>>, request: Request) -> Response {
+    let settings = gateway.live.get();
+    match gateway.upstream.get(&settings, "models", request.headers()).await {
+        Ok((status, content_type, body)) => {
+            let mut response = (status, body).into_response();
+            if let Some(content_type) = content_type {
+                response.headers_mut().insert(header::CONTENT_TYPE, content_type);
+            }
+            response
+        }
+        Err(error) => error.into_response_for(provider_api(&gateway)),
+    }
+}
+
+async fn healthz() -> &'static str {
+    "ok"
+}
+
+async fn readyz(State(gateway): State<Arc<Gateway>>) -> Response {
+    match gateway.engine.run(|engine| Ok(engine.journal().is_poisoned())).await {
+        Ok(false) => "ready".into_response(),
+        Ok(true) | Err(_) => {
+            (StatusCode::SERVICE_UNAVAILABLE, "journal writer failed; restart the gateway").into_response()
+        }
+    }
+}
+
+async fn status(State(gateway): State<Arc<Gateway>>) -> Response {
+    let settings = gateway.live.get();
+    let for_engine = Arc::clone(&settings);
+    let snapshot = gateway
+        .engine
+        .run(move |engine| {
+            let journal = engine.journal();
+            Ok((
+                engine.status(&for_engine)?,
+                journal.generation(),
+                journal.entries().len(),
+                journal.total_tokens(),
+            ))
+        })
+        .await;
+    match snapshot {
+        Ok((status, generation, entries, journal_tokens)) => json_response(
+            StatusCode::OK,
+            &json!({
+                "agent": {"name": settings.config.agent.name, "namespace": settings.config.agent.namespace},
+                "context": status,
+                "telemetry": status.telemetry_line(),
+                "generation": generation,
+                "entries": entries,
+                "journalTokens": journal_tokens,
+                "cacheKeyShort": settings.config.cache_key_short,
+                "sessionMode": settings.config.session_mode,
+            }),
+        ),
+        Err(error) => GatewayError::from(error).into_response_for(provider_api(&gateway)),
+    }
+}
+
+async fn entries(State(gateway): State<Arc<Gateway>>) -> Response {
+    let listing = gateway
+        .engine
+        .run(|engine| {
+            Ok(json!({"generation": engine.journal().generation(), "entries": engine.entry_summaries()}))
+        })
+        .await;
+    match listing {
+        Ok(body) => json_response(StatusCode::OK, &body),
+        Err(error) => GatewayError::from(error).into_response_for(provider_api(&gateway)),
+    }
+}
+
+async fn inspect(State(gateway): State<Arc<Gateway>>, request: Request) -> Response {
+    let limit = request
+        .uri()
+        .query()
+        .and_then(|query| query.split('&').find_map(|pair| pair.strip_prefix("limit=")))
+        .and_then(|value| value.parse().ok())
+        .unwrap_or(DEFAULT_INSPECT_LIMIT);
+    let requests = gateway.inspect.last(limit);
+    match gateway.engine.run(|engine| Ok(engine.decisions())).await {
+        Ok(decisions) => {
+            json_response(StatusCode::OK, &json!({"requests": requests, "decisions": decisions}))
+        }
+        Err(error) => GatewayError::from(error).into_response_for(provider_api(&gateway)),
+    }
+}
+
+async fn resume(State(gateway): State<Arc<Gateway>>, Path(id): Path<String>) -> Response {
+    let api = provider_api(&gateway);
+    let Some(pending) = gateway.pending.get(&id) else {
+        return GatewayError::NotFound(format!(
+            "no blocked operation {id}: it already ran, or the gateway restarted since it was blocked (send the request again)"
+        ))
+        .into_response_for(api);
+    };
+    let settings = gateway.live.get();
+    if let Err(error) = gateway.engine.run(move |engine| engine.refresh(&settings, true)).await {
+        return GatewayError::from(error).into_response_for(pending.api);
+    }
+    match chat(Arc::clone(&gateway), pending.api, pending.headers, pending.body).await {
+        Ok(response) => response,
+        Err(error) => error.into_response_for(pending.api),
+    }
+}
+
+async fn metrics(State(gateway): State<Arc<Gateway>>) -> Response {
+    let mut response = Response::new(Body::from(gateway.metrics.render()));
+    response
+        .headers_mut()
+        .insert(header::CONTENT_TYPE, HeaderValue::from_static("text/plain; version=0.0.4"));
+    response
+}

@@ -1,0 +1,122 @@
+//! Tool schemas: the memory tools the gateway adds, and conversion of configured tools to each API's shape.
+
+use serde_json::{Value, json};
+use strata_core::prefix::tool_name;
+use strata_core::tool_output::READ_OUTPUT_TOOL_NAME;
+
+use super::conversation::Api;
+
+/// The memory tool that purges entries.
+pub const PURGE_TOOL_NAME: &str = "strata_purge";
+
+/// The memory tool that compacts the whole history.
+pub const COMPACT_TOOL_NAME: &str = "strata_compact_context";
+
+/// Whether `name` is a tool the gateway executes itself.
+pub fn is_memory_tool(name: &str) -> bool {
+    name == PURGE_TOOL_NAME || name == COMPACT_TOOL_NAME || name == READ_OUTPUT_TOOL_NAME
+}
+
+fn purge_schema() -> (String, Value) {
+    (
+        "Permanently remove entries from your context by their IDs (e.g. msg_104, tool_res_106) and \
+         replace them with a dense summary. Purging rewrites the cached prompt once, so use it when a \
+         sub-task is done or large irrelevant output is present, and the savings outweigh the rebuild."
+            .to_owned(),
+        json!({
+            "type": "object",
+            "properties": {
+                "ids": {"type": "array", "items": {"type": "string"}, "description": "Entry IDs to remove."},
+                "summary": {"type": "string", "description": "Dense summary of what the removed entries held."}
+            },
+            "required": ["ids", "summary"]
+        }),
+    )
+}
+
+fn compact_schema() -> (String, Value) {
+    (
+        "Reset your context when it is near its limit or badly bloated: the history is replaced by a dense \
+         state (objective, constraints, decisions, open questions, tool state) followed by your resume \
+         instruction. Critical and the most recent entries are kept verbatim."
+            .to_owned(),
+        json!({
+            "type": "object",
+            "properties": {
+                "resume_instruction": {"type": "string", "description": "What to do next, e.g. \"Fix the Redis timeout in auth.py; start with the retry logic.\""}
+            },
+            "required": ["resume_instruction"]
+        }),
+    )
+}
+
+fn read_output_schema() -> (String, Value) {
+    (
+        "Read a tool output that was spilled or elided from your context, by its data_ref \
+         (art:sha256:…). Modes: head (lines, chars), slice (offset, length in characters) or search \
+         (pattern: a regular expression matched per line, max_matches)."
+            .to_owned(),
+        json!({
+            "type": "object",
+            "properties": {
+                "data_ref": {"type": "string", "description": "The data_ref shown in the context."},
+                "mode": {"type": "string", "enum": ["head", "slice", "search"]},
+                "lines": {"type": "integer", "minimum": 0},
+                "chars": {"type": "integer", "minimum": 0},
+                "offset": {"type": "integer", "minimum": 0},
+                "length": {"type": "integer", "minimum": 0},
+                "pattern": {"type": "string"},
+                "max_matches": {"type": "integer", "minimum": 0}
+            },
+            "required": ["data_ref", "mode"]
+        }),
+    )
+}
+
+fn shaped(api: Api, name: &str, description: String, parameters: Value) -> Value {
+    match api {
+        Api::OpenAi => json!({
+            "type": "function",
+            "function": {"name": name, "description": description, "parameters": parameters}
+        }),
+        Api::Anthropic => json!({"name": name, "description": description, "input_schema": parameters}),
+    }
+}
+
+/// The memory tools in `api`'s shape, in their fixed order (appended after the client's tools).
+pub fn memory_tools(api: Api) -> Vec<Value> {
+    let (purge_description, purge_parameters) = purge_schema();
+    let (compact_description, compact_parameters) = compact_schema();
+    let (read_description, read_parameters) = read_output_schema();
+    vec![
+        shaped(api, PURGE_TOOL_NAME, purge_description, purge_parameters),
+        shaped(api, COMPACT_TOOL_NAME, compact_description, compact_parameters),
+        shaped(api, READ_OUTPUT_TOOL_NAME, read_description, read_parameters),
+    ]
+}
+
+/// Converts a tool schema given in either shape (OpenAI `{type, function}` or Anthropic/MCP
+/// `{name, input_schema}`) into `api`'s shape. Unknown shapes are returned unchanged.
+pub fn to_api_shape(api: Api, tool: &Value) -> Value {
+    let is_openai = tool.get("function").is_some();
+    match (api, is_openai) {
+        (Api::OpenAi, true) | (Api::Anthropic, false) => tool.clone(),
+        (Api::OpenAi, false) => {
+            let name = tool_name(tool).unwrap_or_default();
+            let description = tool.get("description").cloned().unwrap_or(Value::String(String::new()));
+            let parameters = tool
+                .get("input_schema")
+                .or_else(|| tool.get("inputSchema"))
+                .cloned()
+                .unwrap_or_else(|| json!({"type": "object"}));
+            json!({"type": "function", "function": {"name": name, "description": description, "parameters": parameters}})
+        }
+        (Api::Anthropic, true) => {
+            let function = &tool["function"];
+            let name = tool_name(tool).unwrap_or_default();
+            let description = function.get("description").cloned().unwrap_or(Value::String(String::new()));
+            let parameters = function.get("parameters").cloned().unwrap_or_else(|| json!({"type": "object"}));
+            json!({"name": name, "description": description, "input_schema": parameters})
+        }
+    }
+}

@@ -1,0 +1,166 @@
+//! The HTTP client to the upstream provider: URLs, credentials, timeouts and error mapping.
+
+use std::time::Duration;
+
+use axum::http::{HeaderMap, HeaderValue, header};
+use bytes::Bytes;
+use strata_api::agent::Provider;
+
+use super::body::ChunkedBody;
+use super::config::Settings;
+use super::errors::GatewayError;
+
+/// The Anthropic API version sent when the client names none.
+pub const DEFAULT_ANTHROPIC_VERSION: &str = "2023-06-01";
+
+/// Client headers forwarded to the upstream.
+const FORWARDED_HEADERS: [&str; 3] = ["anthropic-version", "anthropic-beta", "openai-organization"];
+
+/// A failure building the HTTP client.
+#[derive(Debug, thiserror::Error)]
+#[error("building the upstream HTTP client: {0}")]
+pub struct ClientError(#[from] reqwest::Error);
+
+/// The upstream client, shared by all requests.
+#[derive(Debug, Clone)]
+pub struct Upstream {
+    client: reqwest::Client,
+}
+
+fn base(settings: &Settings) -> String {
+    let endpoint = settings.config.upstream.endpoint.trim_end_matches('/');
+    if endpoint.is_empty() {
+        settings.provider().default_endpoint().unwrap_or_default().to_owned()
+    } else {
+        endpoint.to_owned()
+    }
+}
+
+/// The URL of `path` (`chat/completions`, `messages`, `models`) on the upstream.
+pub fn url(settings: &Settings, path: &str) -> String {
+    let base = base(settings);
+    match settings.provider() {
+        Provider::Anthropic if !base.ends_with("/v1") => format!("{base}/v1/{path}"),
+        _ => format!("{base}/{path}"),
+    }
+}
+
+impl Upstream {
+    /// A client with the given per-read timeout (streams may run longer in total).
+    pub fn new(read_timeout: Duration) -> Result<Self, ClientError> {
+        let _ = rustls::crypto::ring::default_provider().install_default();
+        let client = reqwest::Client::builder()
+            .connect_timeout(Duration::from_secs(10))
+            .read_timeout(read_timeout)
+            .pool_max_idle_per_host(1024)
+            .build()?;
+        Ok(Self { client })
+    }
+
+    fn request(
+        &self,
+        settings: &Settings,
+        method: reqwest::Method,
+        url: &str,
+        client_headers: &HeaderMap,
+    ) -> reqwest::RequestBuilder {
+        let mut request = self.client.request(method, url);
+        for name in FORWARDED_HEADERS {
+            if let Some(value) = client_headers.get(name) {
+                request = request.header(name, value.as_bytes());
+            }
+        }
+        match settings.provider() {
+            Provider::Anthropic => {
+                if !client_headers.contains_key("anthropic-version") {
+                    request = request.header("anthropic-version", DEFAULT_ANTHROPIC_VERSION);
+                }
+                if let Some(key) = &settings.api_key {
+                    request = request.header("x-api-key", key);
+                }
+            }
+            Provider::OpenAI | Provider::OpenAICompatible => {
+                if let Some(key) = &settings.api_key {
+                    request = request.bearer_auth(key);
+                }
+            }
+        }
+        request
+    }
+
+    fn map_error(settings: &Settings, url: &str, error: reqwest::Error) -> GatewayError {
+        if error.is_timeout() {
+            GatewayError::UpstreamTimeout {
+                url: url.to_owned(),
+                seconds: settings.config.upstream.timeout_seconds,
+            }
+        } else {
+            GatewayError::UpstreamUnreachable { url: url.to_owned(), reason: error.to_string() }
+        }
+    }
+
+    async fn check(
+        settings: &Settings,
+        url: &str,
+        response: reqwest::Response,
+    ) -> Result<reqwest::Response, GatewayError> {
+        if response.status().is_success() {
+            return Ok(response);
+        }
+        let status = response.status();
+        let content_type = response.headers().get(header::CONTENT_TYPE).cloned();
+        let body = response.bytes().await.map_err(|error| Self::map_error(settings, url, error))?;
+        Err(GatewayError::UpstreamStatus { status, content_type, body })
+    }
+
+    /// POSTs a JSON body to `path`; a non-2xx answer becomes [`GatewayError::UpstreamStatus`].
+    pub async fn post(
+        &self,
+        settings: &Settings,
+        path: &str,
+        body: ChunkedBody,
+        client_headers: &HeaderMap,
+        stream: bool,
+    ) -> Result<reqwest::Response, GatewayError> {
+        let url = url(settings, path);
+        let length = body.len();
+        let chunks = futures::stream::iter(body.into_chunks().into_iter().map(Ok::<Bytes, std::io::Error>));
+        let mut request = self
+            .request(settings, reqwest::Method::POST, &url, client_headers)
+            .header(header::CONTENT_TYPE, HeaderValue::from_static("application/json"))
+            .header(header::CONTENT_LENGTH, length)
+            .body(reqwest::Body::wrap_stream(chunks));
+        if !stream {
+            request =
+                request.timeout(Duration::from_secs(u64::from(settings.config.upstream.timeout_seconds)));
+        }
+        let response = request.send().await.map_err(|error| Self::map_error(settings, &url, error))?;
+        Self::check(settings, &url, response).await
+    }
+
+    /// Reads a whole answer body.
+    pub async fn read_body(settings: &Settings, response: reqwest::Response) -> Result<Bytes, GatewayError> {
+        let url = response.url().to_string();
+        response.bytes().await.map_err(|error| Self::map_error(settings, &url, error))
+    }
+
+    /// GETs `path` and returns status, content type and body unchanged.
+    pub async fn get(
+        &self,
+        settings: &Settings,
+        path: &str,
+        client_headers: &HeaderMap,
+    ) -> Result<(reqwest::StatusCode, Option<HeaderValue>, Bytes), GatewayError> {
+        let url = url(settings, path);
+        let response = self
+            .request(settings, reqwest::Method::GET, &url, client_headers)
+            .timeout(Duration::from_secs(u64::from(settings.config.upstream.timeout_seconds)))
+            .send()
+            .await
+            .map_err(|error| Self::map_error(settings, &url, error))?;
+        let status = response.status();
+        let content_type = response.headers().get(header::CONTENT_TYPE).cloned();
+        let body = response.bytes().await.map_err(|error| Self::map_error(settings, &url, error))?;
+        Ok((status, content_type, body))
+    }
+}

@@ -1,0 +1,148 @@
+//! `strata replay`: what Strata would save on recorded agent sessions, priced the way providers
+//! bill prefix caching, next to the context policies people use today.
+
+mod inputs;
+mod plot;
+mod policy_file;
+mod table;
+
+use std::path::PathBuf;
+
+use anyhow::Context;
+use serde::Serialize;
+use strata_core::replay::simulate::TokenCalibration;
+use strata_core::replay::synthetic::{FleetSpec, generate_fleet};
+use strata_core::replay::{
+    InputFormat, PolicyReport, Provider, ReplayOptions, SessionReport, replay_session,
+};
+use strata_core::tokens::{TokenCounter, TokenizerKind};
+
+/// Arguments of `strata replay`.
+#[derive(Debug, clap::Args)]
+pub struct ReplayArgs {
+    /// Session files or directories (searched recursively for .json and .jsonl).
+    #[arg(required_unless_present = "synthetic_fleet")]
+    pub paths: Vec<PathBuf>,
+    /// Input format: auto, mini-swe-agent, pi-session or openai-messages.
+    #[arg(long, default_value = "auto", value_parser = ["auto", "mini-swe-agent", "pi-session", "openai-messages"])]
+    pub format: String,
+    /// A ContextPolicy YAML for the strata policy; the built-in defaults otherwise.
+    #[arg(long)]
+    pub policy: Option<PathBuf>,
+    /// Whose prefix-cache rules price the calls.
+    #[arg(long, default_value = "anthropic", value_parser = ["anthropic", "openai"])]
+    pub provider: String,
+    /// The model's context window, for the budget and compaction.
+    #[arg(long, default_value_t = 200_000)]
+    pub context_window: u64,
+    /// Write the full report as JSON.
+    #[arg(long)]
+    pub report: Option<PathBuf>,
+    /// Write an SVG of context tokens per call, one line per policy, compactions marked.
+    #[arg(long)]
+    pub plot: Option<PathBuf>,
+    /// Replay generated always-on fleet sessions (seed 003's shape) instead of files.
+    #[arg(long)]
+    pub synthetic_fleet: bool,
+    /// Agents in the synthetic fleet.
+    #[arg(long, default_value_t = 8, requires = "synthetic_fleet")]
+    pub agents: u32,
+    /// Hours of the synthetic fleet's sessions.
+    #[arg(long, default_value_t = 24, requires = "synthetic_fleet")]
+    pub hours: u32,
+    /// Seed of the synthetic fleet.
+    #[arg(long, default_value_t = 1, requires = "synthetic_fleet")]
+    pub seed: u64,
+}
+
+/// The JSON report.
+#[derive(Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ReplayReport {
+    /// Provider pricing used.
+    pub provider: Provider,
+    /// Context window.
+    pub context_window: u64,
+    /// Per policy, over every session.
+    pub totals: Vec<table::PolicyTotals>,
+    /// Our token count against the provider's, over sessions that recorded usage.
+    pub calibration: TokenCalibration,
+    /// Inputs that could not be replayed, with the reason.
+    pub errors: Vec<String>,
+    /// Every session.
+    pub sessions: Vec<SessionReport>,
+}
+
+/// Run `strata replay`; returns whether every input replayed.
+pub fn run(args: &ReplayArgs) -> anyhow::Result<bool> {
+    let provider = if args.provider == "openai" { Provider::OpenAi } else { Provider::Anthropic };
+    let mut options =
+        ReplayOptions { provider, context_window: args.context_window, ..ReplayOptions::default() };
+    if let Some(path) = &args.policy {
+        policy_file::apply(path, args.context_window, &mut options)?;
+    }
+    let counter = TokenCounter::new(TokenizerKind::O200kBase).context("loading the o200k_base tokenizer")?;
+    let format = InputFormat::from_name(&args.format).unwrap_or(InputFormat::Auto);
+
+    let mut errors = Vec::new();
+    let transcripts = if args.synthetic_fleet {
+        generate_fleet(&FleetSpec { agents: args.agents, hours: args.hours, seed: args.seed })
+    } else {
+        inputs::load_all(&args.paths, format, &mut errors)
+    };
+    let mut sessions = Vec::with_capacity(transcripts.len());
+    for transcript in &transcripts {
+        match replay_session(transcript, &options, &counter) {
+            Ok(report) => sessions.push(report),
+            Err(error) => errors.push(error.to_string()),
+        }
+    }
+    for error in &errors {
+        eprintln!("strata replay: {error}");
+    }
+    if sessions.is_empty() {
+        anyhow::bail!("no session could be replayed; see the errors above");
+    }
+    let totals = table::totals(&sessions);
+    let calibration = sessions.iter().fold(TokenCalibration::default(), |sum, s| TokenCalibration {
+        calls: sum.calls + s.calibration.calls,
+        recorded_prompt_tokens: sum.recorded_prompt_tokens + s.calibration.recorded_prompt_tokens,
+        counted_prompt_tokens: sum.counted_prompt_tokens + s.calibration.counted_prompt_tokens,
+        recorded_cached_tokens: sum.recorded_cached_tokens + s.calibration.recorded_cached_tokens,
+    });
+    print!("{}", table::render(&totals, &sessions, &calibration, provider));
+    if let Some(path) = &args.plot {
+        let series: Vec<(String, Vec<&PolicyReport>)> = policy_series(&sessions);
+        let svg = plot::render(&series).map_err(|e| anyhow::anyhow!("drawing the plot: {e}"))?;
+        std::fs::write(path, svg).with_context(|| format!("writing {}", path.display()))?;
+        println!("plot: {}", path.display());
+    }
+    if let Some(path) = &args.report {
+        let report = ReplayReport {
+            provider,
+            context_window: args.context_window,
+            totals,
+            calibration,
+            errors: errors.clone(),
+            sessions,
+        };
+        let json = serde_json::to_vec_pretty(&report).context("encoding the report")?;
+        std::fs::write(path, json).with_context(|| format!("writing {}", path.display()))?;
+        println!("report: {}", path.display());
+    }
+    Ok(errors.is_empty())
+}
+
+/// Each policy's reports across sessions, in session order.
+fn policy_series(sessions: &[SessionReport]) -> Vec<(String, Vec<&PolicyReport>)> {
+    let Some(first) = sessions.first() else { return Vec::new() };
+    first
+        .policies
+        .iter()
+        .map(|p| {
+            let reports =
+                sessions.iter().filter_map(|s| s.policies.iter().find(|q| q.policy == p.policy)).collect();
+            (p.policy.name().to_string(), reports)
+        })
+        .collect()
+}

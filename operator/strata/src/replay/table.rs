@@ -1,0 +1,175 @@
+//! The replay table: per-policy totals across sessions, as text for stdout.
+
+use std::fmt::Write as _;
+
+use serde::Serialize;
+use strata_core::replay::simulate::TokenCalibration;
+use strata_core::replay::{PolicyKind, Provider, SessionReport};
+
+/// One policy over every session.
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct PolicyTotals {
+    /// Policy name.
+    pub policy: String,
+    /// Model calls.
+    pub calls: u64,
+    /// Prompt tokens sent.
+    pub tokens: u64,
+    /// Billed fresh.
+    pub fresh: u64,
+    /// Written to the cache.
+    pub cache_write: u64,
+    /// Read from the cache.
+    pub cache_read: u64,
+    /// Cost in fresh-token units.
+    pub units: f64,
+    /// Units relative to naive (with the same prefix caching).
+    pub ratio_to_naive: f64,
+    /// Largest prompt of any call.
+    pub peak_context: u64,
+    /// Calls whose prompt plus reservations exceeded the window.
+    pub calls_over_budget: u64,
+    /// Compactions.
+    pub compactions: u64,
+    /// Spilled outputs.
+    pub spills: u64,
+    /// Elided outputs.
+    pub elisions: u64,
+    /// Expired entries.
+    pub expirations: u64,
+    /// Deduplicated outputs.
+    pub deduplications: u64,
+    /// Spilled/elided outputs that read back byte-exact, of those stored (strata).
+    pub readable: Option<(u64, u64)>,
+    /// Decision/constraint/TODO lines surviving, of those in the source (strata).
+    pub markers: Option<(u64, u64)>,
+}
+
+/// Sum every session's reports per policy.
+pub fn totals(sessions: &[SessionReport]) -> Vec<PolicyTotals> {
+    let mut out: Vec<PolicyTotals> = Vec::new();
+    for session in sessions {
+        for report in &session.policies {
+            let name = report.policy.name();
+            let index = match out.iter().position(|t| t.policy == name) {
+                Some(index) => index,
+                None => {
+                    out.push(PolicyTotals { policy: name.into(), ..PolicyTotals::default() });
+                    out.len() - 1
+                }
+            };
+            let t = &mut out[index];
+            let sum = report.totals();
+            t.calls += report.calls.len() as u64;
+            t.tokens += sum.total;
+            t.fresh += sum.fresh;
+            t.cache_write += sum.cache_write;
+            t.cache_read += sum.cache_read;
+            t.units += sum.units;
+            t.peak_context = t.peak_context.max(report.peak_context);
+            t.calls_over_budget += report.calls_over_budget;
+            t.compactions += report.compactions;
+            t.spills += report.spills;
+            t.elisions += report.elisions;
+            t.expirations += report.expirations;
+            t.deduplications += report.deduplications;
+            if let Some(p) = &report.preservation {
+                let (readable, stored) = t.readable.unwrap_or((0, 0));
+                t.readable = Some((readable + p.readable_byte_exact, stored + p.stored_outputs));
+                let (surviving, all) = t.markers.unwrap_or((0, 0));
+                t.markers = Some((surviving + p.markers_surviving, all + p.markers));
+            }
+        }
+    }
+    let naive = out.iter().find(|t| t.policy == PolicyKind::Naive.name()).map(|t| t.units);
+    for t in &mut out {
+        t.ratio_to_naive = naive.filter(|n| *n > 0.0).map_or(f64::NAN, |n| t.units / n);
+    }
+    out
+}
+
+fn percent(part: u64, whole: u64) -> String {
+    if whole == 0 { "n/a".into() } else { format!("{:.1}%", 100.0 * part as f64 / whole as f64) }
+}
+
+/// The table printed on stdout.
+pub fn render(
+    totals: &[PolicyTotals],
+    sessions: &[SessionReport],
+    calibration: &TokenCalibration,
+    provider: Provider,
+) -> String {
+    let calls: usize = sessions.iter().map(|s| s.calls).sum();
+    let mut out = String::new();
+    let provider_name = match provider {
+        Provider::Anthropic => "anthropic (write 1.25x, read 0.1x, breakpoints, min 1024, 5-min TTL)",
+        Provider::OpenAi => "openai (automatic prefixes >= 1024 in 128-token steps, read 0.1x)",
+    };
+    let _ = writeln!(out, "{} sessions, {calls} model calls, priced as {provider_name}", sessions.len());
+    let _ = writeln!(
+        out,
+        "{:<20} {:>12} {:>11} {:>11} {:>12} {:>12} {:>7} {:>9} {:>6} {:>6} {:>6} {:>6}",
+        "policy",
+        "tokens",
+        "fresh",
+        "cache-write",
+        "cache-read",
+        "cost-units",
+        "x-naive",
+        "peak",
+        "over",
+        "compact",
+        "spill",
+        "elide"
+    );
+    for t in totals {
+        let _ = writeln!(
+            out,
+            "{:<20} {:>12} {:>11} {:>11} {:>12} {:>12.0} {:>7.3} {:>9} {:>6} {:>6} {:>6} {:>6}",
+            t.policy,
+            t.tokens,
+            t.fresh,
+            t.cache_write,
+            t.cache_read,
+            t.units,
+            t.ratio_to_naive,
+            t.peak_context,
+            t.calls_over_budget,
+            t.compactions,
+            t.spills,
+            t.elisions
+        );
+    }
+    if let Some(strata) = totals.iter().find(|t| t.policy == PolicyKind::Strata.name()) {
+        if let Some((readable, stored)) = strata.readable {
+            let _ = writeln!(
+                out,
+                "strata: {readable}/{stored} off-window outputs read back byte-exact ({})",
+                percent(readable, stored)
+            );
+        }
+        if let Some((surviving, all)) = strata.markers {
+            let _ = writeln!(
+                out,
+                "strata: {surviving}/{all} decision/constraint/TODO lines still in context or reopenable ({})",
+                percent(surviving, all)
+            );
+        }
+        let _ =
+            writeln!(out, "strata: {} expired, {} deduplicated", strata.expirations, strata.deduplications);
+    }
+    if calibration.calls > 0 {
+        let _ = writeln!(
+            out,
+            "calibration: o200k_base counted {} prompt tokens where the provider recorded {} over {} calls (ratio {:.3}); the provider reported {} of them cached ({})",
+            calibration.counted_prompt_tokens,
+            calibration.recorded_prompt_tokens,
+            calibration.calls,
+            calibration.counted_prompt_tokens as f64 / calibration.recorded_prompt_tokens.max(1) as f64,
+            calibration.recorded_cached_tokens,
+            percent(calibration.recorded_cached_tokens, calibration.recorded_prompt_tokens)
+        );
+    }
+    out
+}

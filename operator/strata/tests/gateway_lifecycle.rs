@@ -1,0 +1,212 @@
+//! The gateway's lifecycle: budget block and resume, restart on the same data dir, a locked data
+//! dir, config hot reload, and bad input and upstream failures in the provider's error shape.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod gateway_support;
+
+use std::time::Duration;
+
+use gateway_support::{FakeUpstream, Harness, Reply, args, write_config};
+use serde_json::{Value, json};
+use strata_api::agent::Provider;
+use strata_core::entry::{Content, EntryDraft, EntryKind, RetentionClass, Role};
+use strata_core::journal::{
+    BaselineEntry, CompactionProposal, StdStorage, propose_compaction, read_current_generation,
+};
+
+const CHAT: &str = "/v1/chat/completions";
+
+fn user(text: &str) -> Value {
+    json!({"messages": [{"role": "user", "content": text}]})
+}
+
+#[tokio::test]
+async fn a_blocked_request_resumes_once_a_compaction_freed_space() {
+    let fake = FakeUpstream::start().await;
+    let gateway = Harness::start(&fake, Provider::OpenAI, |config| {
+        config.upstream.context_window = 16_000;
+        config.policy.budget.reserved_completion_tokens = 1_000;
+        config.policy.budget.safety_margin_tokens = 500;
+        config.policy.budget.protocol_overhead_tokens = 100;
+    })
+    .await;
+    let session = [("x-strata-session", "main")];
+    let filler = "alpha beta gamma delta ".repeat(1_500);
+    let (status, answer) = gateway.post_json(CHAT, &user(&filler), &session).await;
+    assert_eq!(status, 200, "{answer}");
+    let big = "omega sigma kappa ".repeat(3_000);
+    let (status, blocked) = gateway.post_json(CHAT, &user(&big), &session).await;
+    assert_eq!(status, 400, "{blocked}");
+    let error = &blocked["error"];
+    assert_eq!(error["type"], "context_budget_exceeded");
+    assert_eq!(error["status"], "context_budget_exceeded");
+    assert_eq!(error["required_action"], "purge_or_compact");
+    assert!(
+        error["estimated_result_tokens"].as_u64().unwrap()
+            > error["available_operation_tokens"].as_u64().unwrap()
+    );
+    let operation = error["pending_operation_id"].as_str().unwrap().to_owned();
+    assert!(operation.starts_with("op_"));
+    assert_eq!(fake.seen().len(), 1, "a blocked request is not forwarded");
+
+    let (status, _) =
+        gateway.post_json(&format!("/strata/v1/operations/{operation}/resume"), &json!({}), &[]).await;
+    assert_eq!(status, 400, "still blocked while nothing was freed");
+
+    let view = read_current_generation(&StdStorage, &gateway.data_dir).unwrap();
+    let snapshot = view.snapshot();
+    let summary = EntryDraft {
+        kind: EntryKind::Summary,
+        role: Role::User,
+        content: Content::text("The user pasted filler text."),
+        retention: RetentionClass::Working,
+        created_at_ms: 1,
+        tokens: 8,
+        artifact_refs: vec![],
+    };
+    let proposal = CompactionProposal {
+        generation: snapshot.generation,
+        watermark: snapshot.watermark,
+        baseline: vec![BaselineEntry::New(summary)],
+        created_at_ms: 2,
+    };
+    propose_compaction(&StdStorage, &gateway.data_dir, &proposal).unwrap();
+
+    let (status, resumed) =
+        gateway.post_json(&format!("/strata/v1/operations/{operation}/resume"), &json!({}), &[]).await;
+    assert_eq!(status, 200, "{resumed}");
+    assert_eq!(resumed["choices"][0]["message"]["content"], "ok");
+    let sent = fake.last();
+    let texts: Vec<&str> =
+        sent["messages"].as_array().unwrap().iter().filter_map(|m| m["content"].as_str()).collect();
+    assert!(texts.iter().any(|t| t.contains("The user pasted filler text.")));
+    assert!(texts.iter().any(|t| t.contains("omega sigma kappa")));
+    assert!(!texts.iter().any(|t| t.contains("alpha beta gamma")));
+    let (status, _) =
+        gateway.post_json(&format!("/strata/v1/operations/{operation}/resume"), &json!({}), &[]).await;
+    assert_eq!(status, 404, "an operation runs once");
+    assert!(gateway.metrics().await.contains("strata_gateway_blocked_operations_total 2"));
+}
+
+#[tokio::test]
+async fn a_restarted_gateway_continues_the_journaled_context() {
+    let fake = FakeUpstream::start().await;
+    let gateway = Harness::start(&fake, Provider::OpenAI, |_| {}).await;
+    let first = json!({"messages": [{"role": "user", "content": "Remember the number 4242."}]});
+    gateway.post_json(CHAT, &first, &[]).await;
+
+    let second = strata::gateway::start(&args(&gateway.config_path, &gateway.data_dir)).await;
+    let refused = second.expect_err("a second writer must be refused").to_string();
+    assert!(refused.contains("data dir") && refused.to_lowercase().contains("lock"), "{refused}");
+
+    let gateway = gateway.restart().await;
+    let transparent = json!({"messages": [
+        {"role": "user", "content": "Remember the number 4242."},
+        {"role": "assistant", "content": "ok"},
+        {"role": "user", "content": "What was the number?"}
+    ]});
+    let (status, _) = gateway.post_json(CHAT, &transparent, &[]).await;
+    assert_eq!(status, 200);
+    assert_eq!(gateway.entries().await.len(), 4, "after a restart the transparent list is still recognised");
+    let (status, _) = gateway.post_json(CHAT, &user("And now?"), &[("x-strata-session", "main")]).await;
+    assert_eq!(status, 200);
+    let texts: Vec<String> = fake.last()["messages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|m| m["content"].as_str().map(str::to_owned))
+        .collect();
+    assert_eq!(texts.iter().filter(|t| t.ends_with("Remember the number 4242.")).count(), 1, "{texts:?}");
+    assert!(texts.iter().any(|t| t.ends_with("What was the number?")));
+    assert!(texts.iter().any(|t| t.ends_with("And now?")));
+    assert_eq!(gateway.entries().await.len(), 6);
+}
+
+#[tokio::test]
+async fn a_corrupt_data_dir_is_refused_with_the_journals_error() {
+    let fake = FakeUpstream::start().await;
+    let gateway = Harness::start(&fake, Provider::OpenAI, |_| {}).await;
+    gateway.post_json(CHAT, &user("hello"), &[("x-strata-session", "s")]).await;
+    let Harness { dir: _dir, config_path, data_dir, gateway, .. } = gateway;
+    gateway.shutdown().await;
+    std::fs::write(data_dir.join("CURRENT"), b"not a generation\n").unwrap();
+    let error =
+        strata::gateway::start(&args(&config_path, &data_dir)).await.expect_err("corrupt dir accepted");
+    let message = error.to_string();
+    assert!(message.contains("CURRENT"), "{message}");
+}
+
+#[tokio::test]
+async fn policy_and_prefix_changes_are_hot_reloaded() {
+    let fake = FakeUpstream::start().await;
+    let gateway = Harness::start(&fake, Provider::OpenAI, |_| {}).await;
+    let session = [("x-strata-session", "main")];
+    gateway.post_json(CHAT, &user("one"), &session).await;
+    let mut config: strata_api::gateway_config::GatewayConfig =
+        serde_json::from_slice(&std::fs::read(&gateway.config_path).unwrap()).unwrap();
+    config.stable_prefix.system_prompt = "You are builder, now reviewing pull requests.".into();
+    config.upstream.context_window = 64_000;
+    write_config(&gateway.config_path, &config);
+    let mut reloaded = false;
+    for _ in 0..50 {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        if gateway.get_json("/strata/v1/status").await["context"]["limit"] == 64_000 {
+            reloaded = true;
+            break;
+        }
+    }
+    assert!(reloaded, "the new context window was not picked up");
+    gateway.post_json(CHAT, &user("two"), &session).await;
+    let system = fake.last()["messages"][0]["content"].as_str().unwrap().to_owned();
+    assert!(system.contains("reviewing pull requests"), "{system}");
+    let inspect = gateway.get_json("/strata/v1/inspect?limit=1").await;
+    assert_eq!(inspect["requests"][0]["rounds"][0]["churn"], "system");
+
+    std::fs::write(&gateway.config_path, b"{ not json").unwrap();
+    tokio::time::sleep(Duration::from_millis(1_500)).await;
+    let (status, _) = gateway.post_json(CHAT, &user("three"), &session).await;
+    assert_eq!(status, 200, "a broken file keeps the previous config in force");
+}
+
+#[tokio::test]
+async fn bad_input_and_upstream_failures_answer_in_the_providers_shape() {
+    let fake = FakeUpstream::start().await;
+    let gateway = Harness::start(&fake, Provider::OpenAI, |config| config.upstream.timeout_seconds = 1).await;
+    let client = reqwest::Client::new();
+    let response = client.post(gateway.url(CHAT)).body("{not json").send().await.unwrap();
+    assert_eq!(response.status(), 400);
+    let body: Value = response.json().await.unwrap();
+    assert_eq!(body["error"]["type"], "invalid_request_error");
+    assert!(body["error"]["message"].as_str().unwrap().contains("not valid JSON"));
+
+    let (status, body) =
+        gateway.post_json(CHAT, &json!({"messages": [{"role": "user", "content": "x"}], "n": 2}), &[]).await;
+    assert_eq!((status, body["error"]["type"].as_str()), (400, Some("invalid_request_error")));
+
+    let huge = "x".repeat(2 * 1024 * 1024);
+    let (status, body) = gateway.post_json(CHAT, &user(&huge), &[]).await;
+    assert_eq!(status, 413);
+    assert_eq!(body["error"]["type"], "request_too_large");
+
+    let upstream_error = r#"{"error":{"message":"Rate limit reached","type":"rate_limit_error"}}"#;
+    fake.script([Reply::Error(429, upstream_error.into())]);
+    let (status, text) = gateway.post(CHAT, &user("rate limited"), &[]).await;
+    assert_eq!((status, text.as_str()), (429, upstream_error), "upstream errors pass through unchanged");
+
+    fake.script([Reply::Delayed(Duration::from_secs(3), Box::new(Reply::Text("late".into())))]);
+    let (status, body) = gateway.post_json(CHAT, &user("slow"), &[]).await;
+    assert_eq!(status, 504, "{body}");
+    assert_eq!(body["error"]["type"], "upstream_timeout");
+    assert!(body["error"]["message"].as_str().unwrap().contains("did not answer within 1s"));
+
+    let (status, body) = gateway.post_json("/v1/messages", &json!({"messages": []}), &[]).await;
+    assert_eq!(status, 400);
+    assert_eq!(body["type"], "error", "Anthropic shape on the Anthropic route");
+
+    let models = gateway.get_json("/v1/models").await;
+    assert_eq!(models["data"][0]["id"], "fake-model");
+    let health = client.get(gateway.url("/healthz")).send().await.unwrap();
+    assert_eq!(health.status(), 200);
+    let ready = client.get(gateway.url("/readyz")).send().await.unwrap();
+    assert_eq!(ready.status(), 200);
+}

@@ -1,0 +1,360 @@
+//! The gateway in front of a fake OpenAI upstream: journaling, compilation, transparent sessions,
+//! parallel tool calls, spill + read_output, memory-tool interception (streaming too), purge, usage.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod gateway_support;
+
+use gateway_support::{CACHE_KEY, CACHED_TOKENS, FakeUpstream, Harness, Reply, call, sse_events};
+use serde_json::{Value, json};
+use strata_api::agent::Provider;
+use strata_core::artifacts::ArtifactRef;
+
+const CHAT: &str = "/v1/chat/completions";
+
+fn messages(body: &Value) -> Vec<Value> {
+    body["messages"].as_array().unwrap().clone()
+}
+
+fn tool_names(body: &Value) -> Vec<String> {
+    body["tools"]
+        .as_array()
+        .map(|tools| tools.iter().map(|t| t["function"]["name"].as_str().unwrap().to_owned()).collect())
+        .unwrap_or_default()
+}
+
+#[tokio::test]
+async fn a_turn_is_journaled_and_sent_as_a_compiled_packet() {
+    let fake = FakeUpstream::start().await;
+    let gateway = Harness::start(&fake, Provider::OpenAI, |_| {}).await;
+    let weather =
+        json!({"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}});
+    let request = json!({
+        "model": "whatever-the-client-says",
+        "messages": [{"role": "system", "content": "Answer briefly."}, {"role": "user", "content": "Hello there"}],
+        "tools": [weather],
+        "temperature": 0.2
+    });
+    let (status, answer) = gateway.post_json(CHAT, &request, &[]).await;
+    assert_eq!(status, 200, "{answer}");
+    assert_eq!(answer["choices"][0]["message"]["content"], "ok");
+    assert_eq!(answer["usage"]["prompt_tokens_details"]["cached_tokens"], CACHED_TOKENS);
+
+    let sent = fake.last();
+    assert_eq!(sent["model"], "fake-model", "the sidecar decides the model");
+    assert_eq!(sent["prompt_cache_key"], CACHE_KEY);
+    assert_eq!(sent["temperature"], 0.2);
+    assert_eq!(
+        tool_names(&sent),
+        ["get_weather", "strata_purge", "strata_compact_context", "strata_read_output"]
+    );
+    let sent_messages = messages(&sent);
+    assert_eq!(sent_messages[0]["role"], "system");
+    let system = sent_messages[0]["content"].as_str().unwrap();
+    assert!(system.contains("You are builder") && system.contains("Answer briefly."), "{system}");
+    assert_eq!(sent_messages[1]["role"], "user");
+    let user = sent_messages[1]["content"].as_str().unwrap();
+    assert!(user.starts_with("[msg_") && user.ends_with("] Hello there"), "{user}");
+    let telemetry = sent_messages.last().unwrap();
+    assert_eq!(telemetry["role"], "system");
+    assert!(telemetry["content"].as_str().unwrap().starts_with("Status: Context: "), "{telemetry}");
+    let authorization = fake.seen()[0].headers["authorization"].to_str().unwrap().to_owned();
+    assert_eq!(authorization, format!("Bearer {}", gateway_support::API_KEY));
+
+    let entries = gateway.entries().await;
+    let roles: Vec<&str> = entries.iter().map(|e| e["role"].as_str().unwrap()).collect();
+    assert_eq!(roles, ["user", "assistant"]);
+    let status = gateway.get_json("/strata/v1/status").await;
+    assert_eq!(status["context"]["limit"], 128_000);
+    assert!(status["telemetry"].as_str().unwrap().starts_with("Status: Context: "));
+    let inspect = gateway.get_json("/strata/v1/inspect?limit=1").await;
+    let round = &inspect["requests"][0]["rounds"][0];
+    assert_eq!(round["churn"], "cold");
+    assert_eq!(round["cacheOutcome"], "partial");
+    assert!(round["sections"].as_array().unwrap().iter().any(|s| s["id"] == "tier1.tools"));
+    assert!(inspect["decisions"].as_array().unwrap().iter().any(|d| d["reason"] == "telemetry"));
+    let metrics = gateway.metrics().await;
+    assert!(
+        metrics.contains(&format!("strata_gateway_prompt_tokens_total{{kind=\"cached\"}} {CACHED_TOKENS}")),
+        "{metrics}"
+    );
+    assert!(metrics.contains("strata_gateway_added_overhead_seconds_count 1"), "{metrics}");
+}
+
+#[tokio::test]
+async fn transparent_sessions_journal_only_new_messages() {
+    let fake = FakeUpstream::start().await;
+    fake.script([Reply::Text("first answer".into()), Reply::Text("second answer".into())]);
+    let gateway = Harness::start(&fake, Provider::OpenAI, |_| {}).await;
+    let mut history = vec![json!({"role": "user", "content": "Hi"})];
+    let (_, answer) = gateway.post_json(CHAT, &json!({"messages": history}), &[]).await;
+    history.push(answer["choices"][0]["message"].clone());
+    history.push(json!({"role": "user", "content": "Hi"}));
+    let (status, _) = gateway.post_json(CHAT, &json!({"messages": history}), &[]).await;
+    assert_eq!(status, 200);
+    let entries = gateway.entries().await;
+    assert_eq!(entries.len(), 4, "a repeated message at a new position is new: {entries:?}");
+    let texts: Vec<String> = messages(&fake.last())
+        .iter()
+        .filter(|m| m["role"] != "system")
+        .map(|m| m["content"].as_str().unwrap().to_owned())
+        .collect();
+    assert_eq!(texts.len(), 3, "{texts:?}");
+    assert!(texts[1].ends_with("first answer"));
+    assert_eq!(fake.seen().len(), 2);
+}
+
+#[tokio::test]
+async fn parallel_tool_results_are_journaled_in_arrival_order() {
+    let fake = FakeUpstream::start().await;
+    fake.script([Reply::Calls(
+        String::new(),
+        vec![call("call_a", "get_weather", json!({"city": "Oslo"})), call("call_b", "get_time", json!({}))],
+    )]);
+    let gateway = Harness::start(&fake, Provider::OpenAI, |_| {}).await;
+    let tools = json!([
+        {"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}},
+        {"type": "function", "function": {"name": "get_time", "parameters": {"type": "object"}}}
+    ]);
+    let mut history = vec![json!({"role": "user", "content": "Weather and time?"})];
+    let (_, answer) = gateway.post_json(CHAT, &json!({"messages": history, "tools": tools}), &[]).await;
+    let message = answer["choices"][0]["message"].clone();
+    assert_eq!(message["tool_calls"].as_array().unwrap().len(), 2);
+    assert_eq!(answer["choices"][0]["finish_reason"], "tool_calls");
+    history.push(message);
+    history.push(json!({"role": "tool", "tool_call_id": "call_b", "content": "12:00"}));
+    history.push(json!({"role": "tool", "tool_call_id": "call_a", "content": "Sunny"}));
+    let (status, _) = gateway.post_json(CHAT, &json!({"messages": history, "tools": tools}), &[]).await;
+    assert_eq!(status, 200);
+    let sent = messages(&fake.last());
+    let tail: Vec<&Value> =
+        sent.iter().filter(|m| m["role"] == "tool" || m["tool_calls"].is_array()).collect();
+    assert_eq!(tail.len(), 3, "{sent:?}");
+    assert_eq!(tail[1]["tool_call_id"], "call_b", "results in arrival order");
+    assert!(tail[1]["content"].as_str().unwrap().ends_with("] 12:00"));
+    assert_eq!(tail[2]["tool_call_id"], "call_a");
+    let kinds: Vec<String> = gateway
+        .entries()
+        .await
+        .iter()
+        .map(|e| e["id"].as_str().unwrap().rsplit_once('_').unwrap().0.to_owned())
+        .collect();
+    assert_eq!(kinds, ["msg", "tool_call", "tool_res", "tool_res", "msg"]);
+}
+
+fn big_output() -> String {
+    let mut text = String::new();
+    for line in 0..600 {
+        if line == 512 {
+            text.push_str("line 512: the needle is here\n");
+        } else {
+            text.push_str(&format!("line {line}: nothing interesting in this log line\n"));
+        }
+    }
+    text
+}
+
+#[tokio::test]
+async fn spilled_output_is_read_back_through_an_intercepted_memory_tool() {
+    let fake = FakeUpstream::start().await;
+    let output = big_output();
+    let data_ref = ArtifactRef::for_bytes(output.as_bytes()).to_string();
+    fake.script([
+        Reply::Calls(
+            "Let me search. ".into(),
+            vec![call(
+                "call_read",
+                "strata_read_output",
+                json!({"data_ref": data_ref, "mode": "search", "pattern": "needle"}),
+            )],
+        ),
+        Reply::Text("Found the needle on line 512.".into()),
+    ]);
+    let gateway = Harness::start(&fake, Provider::OpenAI, |_| {}).await;
+    let history = json!([
+        {"role": "user", "content": "Check the log"},
+        {"role": "assistant", "content": null, "tool_calls": [{"id": "call_log", "type": "function", "function": {"name": "read_log", "arguments": "{}"}}]},
+        {"role": "tool", "tool_call_id": "call_log", "content": output}
+    ]);
+    let (status, answer) = gateway.post_json(CHAT, &json!({"messages": history}), &[]).await;
+    assert_eq!(status, 200, "{answer}");
+    let message = &answer["choices"][0]["message"];
+    assert_eq!(message["content"], "Let me search. Found the needle on line 512.");
+    assert!(message.get("tool_calls").is_none(), "memory tool calls never reach the client: {message}");
+    assert_eq!(answer["choices"][0]["finish_reason"], "stop");
+
+    let seen = fake.seen();
+    assert_eq!(seen.len(), 2);
+    let first = messages(&seen[0].body);
+    let spilled = first.iter().find(|m| m["role"] == "tool").unwrap()["content"].as_str().unwrap().to_owned();
+    assert!(spilled.contains(&format!("data_ref={data_ref}")), "{spilled}");
+    assert!(spilled.len() < output.len());
+    let second = messages(&seen[1].body);
+    let read =
+        second.iter().rev().find(|m| m["role"] == "tool").unwrap()["content"].as_str().unwrap().to_owned();
+    assert!(read.contains("the needle is here"), "{read}");
+    let metrics = gateway.metrics().await;
+    assert!(metrics.contains(&format!("strata_gateway_spilled_bytes_total {}", output.len())), "{metrics}");
+    assert!(metrics.contains("strata_gateway_memory_tool_calls_total{tool=\"strata_read_output\"} 1"));
+}
+
+#[tokio::test]
+async fn streaming_hides_memory_tools_and_strips_the_usage_chunk() {
+    let fake = FakeUpstream::start().await;
+    let output = big_output();
+    let data_ref = ArtifactRef::for_bytes(output.as_bytes()).to_string();
+    fake.script([
+        Reply::Calls(
+            String::new(),
+            vec![call(
+                "call_read",
+                "strata_read_output",
+                json!({"data_ref": data_ref, "mode": "head", "lines": 2}),
+            )],
+        ),
+        Reply::Calls("Now the weather.".into(), vec![call("call_w", "get_weather", json!({"city": "Oslo"}))]),
+    ]);
+    let gateway = Harness::start(&fake, Provider::OpenAI, |_| {}).await;
+    let history = json!([
+        {"role": "user", "content": "Check the log"},
+        {"role": "assistant", "content": null, "tool_calls": [{"id": "call_log", "type": "function", "function": {"name": "read_log", "arguments": "{}"}}]},
+        {"role": "tool", "tool_call_id": "call_log", "content": output}
+    ]);
+    let tools =
+        json!([{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}]);
+    let (status, text) =
+        gateway.post(CHAT, &json!({"messages": history, "tools": tools, "stream": true}), &[]).await;
+    assert_eq!(status, 200, "{text}");
+    assert!(!text.contains("strata_read_output"), "{text}");
+    let events = sse_events(&text);
+    assert_eq!(events.last().unwrap().1, "[DONE]");
+    let chunks: Vec<Value> =
+        events.iter().filter(|(_, d)| d != "[DONE]").map(|(_, d)| serde_json::from_str(d).unwrap()).collect();
+    assert!(chunks.iter().all(|c| c.get("usage").is_none()), "the client did not ask for usage");
+    let finishes: Vec<&Value> =
+        chunks.iter().map(|c| &c["choices"][0]["finish_reason"]).filter(|f| !f.is_null()).collect();
+    assert_eq!(finishes, [&json!("tool_calls")], "one finish for the client");
+    let content: String =
+        chunks.iter().filter_map(|c| c["choices"][0]["delta"]["content"].as_str()).collect();
+    assert_eq!(content, "Now the weather.");
+    let calls: Vec<&Value> =
+        chunks.iter().filter_map(|c| c["choices"][0]["delta"]["tool_calls"].as_array()).flatten().collect();
+    assert!(calls.iter().all(|c| c["index"] == 0));
+    assert_eq!(calls[0]["function"]["name"], "get_weather");
+    assert!(chunks.iter().all(|c| c["id"] == chunks[0]["id"]));
+    for seen in fake.seen() {
+        assert_eq!(seen.body["stream_options"]["include_usage"], true, "usage is always requested");
+    }
+    let entries = gateway.entries().await;
+    assert!(entries.iter().any(|e| e["id"].as_str().unwrap().starts_with("tool_res")
+        && e["role"] == "tool"
+        && fake.seen().len() == 2));
+
+    let with_usage = json!({"messages": [{"role": "user", "content": "again"}], "stream": true, "stream_options": {"include_usage": true}});
+    let (_, text) = gateway.post(CHAT, &with_usage, &[("x-strata-session", "s1")]).await;
+    let events = sse_events(&text);
+    let usage: Value = serde_json::from_str(&events[events.len() - 2].1).unwrap();
+    assert_eq!(usage["usage"]["prompt_tokens_details"]["cached_tokens"], CACHED_TOKENS);
+}
+
+#[tokio::test]
+async fn the_model_purges_entries_through_the_memory_tool() {
+    let fake = FakeUpstream::start().await;
+    let gateway = Harness::start(&fake, Provider::OpenAI, |_| {}).await;
+    let session = [("x-strata-session", "main")];
+    for text in ["Find the auth errors.", "They are Redis timeouts."] {
+        gateway.post_json(CHAT, &json!({"messages": [{"role": "user", "content": text}]}), &session).await;
+    }
+    let ids: Vec<String> =
+        gateway.entries().await.iter().take(2).map(|e| e["id"].as_str().unwrap().to_owned()).collect();
+    fake.script([
+        Reply::Calls(
+            String::new(),
+            vec![call(
+                "call_p",
+                "strata_purge",
+                json!({"ids": ids, "summary": "Auth errors were Redis timeouts."}),
+            )],
+        ),
+        Reply::Text("Purged.".into()),
+    ]);
+    let (status, answer) = gateway
+        .post_json(CHAT, &json!({"messages": [{"role": "user", "content": "Clean up."}]}), &session)
+        .await;
+    assert_eq!(status, 200, "{answer}");
+    assert_eq!(answer["choices"][0]["message"]["content"], "Purged.");
+    let entries = gateway.entries().await;
+    let listed: Vec<&str> = entries.iter().map(|e| e["id"].as_str().unwrap()).collect();
+    assert!(ids.iter().all(|id| !listed.contains(&id.as_str())), "{listed:?}");
+    assert!(listed.iter().any(|id| id.starts_with("summary_")), "{listed:?}");
+    let last = messages(&fake.last());
+    assert!(
+        last.iter()
+            .any(|m| m["content"].as_str().is_some_and(|t| t.contains("Auth errors were Redis timeouts.")))
+    );
+    let status = gateway.get_json("/strata/v1/status").await;
+    assert_eq!(status["generation"], 2);
+    let metrics = gateway.metrics().await;
+    assert!(metrics.contains("strata_gateway_purges_total 1"), "{metrics}");
+    assert!(metrics.contains("strata_gateway_prefix_churn_total{cause=\"history_rewrite\"} 1"), "{metrics}");
+}
+
+#[tokio::test]
+async fn the_model_compacts_its_context_through_the_memory_tool() {
+    let fake = FakeUpstream::start().await;
+    let gateway = Harness::start(&fake, Provider::OpenAI, |_| {}).await;
+    let session = [("x-strata-session", "main")];
+    for index in 0..8 {
+        let text = format!("Step {index}: we decided to keep the retry budget at {index} attempts.");
+        gateway.post_json(CHAT, &json!({"messages": [{"role": "user", "content": text}]}), &session).await;
+    }
+    let before = gateway.entries().await.len();
+    let instruction = "Continue with the Redis timeout fix in auth.py.";
+    fake.script([
+        Reply::Calls(
+            String::new(),
+            vec![call("call_c", "strata_compact_context", json!({"resume_instruction": instruction}))],
+        ),
+        Reply::Text("Resuming.".into()),
+    ]);
+    let (status, answer) = gateway
+        .post_json(CHAT, &json!({"messages": [{"role": "user", "content": "Compact now."}]}), &session)
+        .await;
+    assert_eq!(status, 200, "{answer}");
+    assert_eq!(answer["choices"][0]["message"]["content"], "Resuming.");
+    let status = gateway.get_json("/strata/v1/status").await;
+    assert_eq!(status["generation"], 2, "{status}");
+    let entries = gateway.entries().await;
+    assert!(entries.len() < before + 4, "{} entries after compaction", entries.len());
+    assert!(entries.iter().any(|e| e["id"].as_str().unwrap().starts_with("summary_")));
+    let last = messages(&fake.last());
+    assert!(last.iter().any(|m| m["content"].as_str().is_some_and(|t| t.contains(instruction))), "{last:?}");
+    assert!(gateway.metrics().await.contains("strata_gateway_compactions_total 1"));
+    assert!(gateway.data_dir.join("compactions").read_dir().unwrap().next().is_some());
+}
+
+#[tokio::test]
+async fn identical_tool_less_requests_are_answered_from_the_response_cache() {
+    let fake = FakeUpstream::start().await;
+    fake.script([Reply::Text("cached answer".into())]);
+    let gateway = Harness::start(&fake, Provider::OpenAICompatible, |config| {
+        config.policy.cache.response_cache_ttl_seconds = 60;
+    })
+    .await;
+    let request = json!({"messages": [{"role": "user", "content": "What is 2 + 2?"}]});
+    let (_, first) = gateway.post_json(CHAT, &request, &[]).await;
+    let (status, second) = gateway.post_json(CHAT, &request, &[]).await;
+    assert_eq!(status, 200);
+    assert_eq!(first, second);
+    assert_eq!(fake.seen().len(), 1, "the repeat did not reach the upstream");
+    assert_eq!(gateway.entries().await.len(), 2, "and added nothing to the journal");
+    let sent = fake.last();
+    assert_eq!(sent["cache_salt"], CACHE_KEY, "OpenAI-compatible servers get the cache key as cache_salt");
+    assert!(sent.get("prompt_cache_key").is_none());
+
+    let tools = json!([{"type": "function", "function": {"name": "calc", "parameters": {"type": "object"}}}]);
+    let with_tools = json!({"messages": [{"role": "user", "content": "And 3 + 3?"}], "tools": tools});
+    gateway.post_json(CHAT, &with_tools, &[]).await;
+    gateway.post_json(CHAT, &with_tools, &[]).await;
+    assert_eq!(fake.seen().len(), 3, "requests offering tools are never cached");
+    assert!(gateway.metrics().await.contains("strata_gateway_response_cache_hits_total 1"));
+}

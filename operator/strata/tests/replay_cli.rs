@@ -1,0 +1,96 @@
+//! `strata replay` end to end: the shipped sample session, the synthetic fleet, and bad input.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::path::Path;
+use std::process::Command;
+
+fn strata() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_strata"))
+}
+
+fn sample_dir() -> std::path::PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples/sessions")
+}
+
+#[test]
+fn sample_session_prints_the_table_and_writes_plot_and_report() {
+    let out = tempfile::tempdir().unwrap();
+    let plot = out.path().join("replay.svg");
+    let report = out.path().join("replay.json");
+    let output = strata()
+        .arg("replay")
+        .arg(sample_dir())
+        .arg("--plot")
+        .arg(&plot)
+        .arg("--report")
+        .arg(&report)
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(output.status.success(), "{stdout}\n{}", String::from_utf8_lossy(&output.stderr));
+    for policy in ["naive", "observation-masking", "clear-tool-uses", "seed-002", "strata"] {
+        assert!(stdout.lines().any(|l| l.starts_with(policy)), "{policy} missing from:\n{stdout}");
+    }
+    assert!(stdout.contains("off-window outputs read back byte-exact (100.0%)"), "{stdout}");
+    let svg = std::fs::read_to_string(&plot).unwrap();
+    assert!(svg.starts_with("<svg") && svg.contains("polyline") && svg.contains("strata"), "not a plot");
+    let json: serde_json::Value = serde_json::from_slice(&std::fs::read(&report).unwrap()).unwrap();
+    let totals = json["totals"].as_array().unwrap();
+    assert_eq!(totals.len(), 5);
+    let naive = &totals[0];
+    assert_eq!(naive["policy"], "naive");
+    assert!((naive["ratioToNaive"].as_f64().unwrap() - 1.0).abs() < 1e-9);
+    let strata = totals.iter().find(|t| t["policy"] == "strata").unwrap();
+    assert!(strata["unitsToNaive"].is_null());
+    assert!(
+        strata["ratioToNaive"].as_f64().unwrap() < 1.0,
+        "strata should cost less than naive on the sample"
+    );
+}
+
+#[test]
+fn bad_files_are_named_and_the_others_still_run() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::copy(sample_dir().join("builder-overnight.json"), dir.path().join("good.json")).unwrap();
+    std::fs::write(dir.path().join("broken.json"), "{\"messages\": [ {\"role\": \"user\"").unwrap();
+    std::fs::write(dir.path().join("robot.json"), r#"{"messages":[{"role":"robot","content":"x"}]}"#)
+        .unwrap();
+    let output = strata().arg("replay").arg(dir.path()).output().unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert_eq!(output.status.code(), Some(2), "{stderr}");
+    assert!(stderr.contains("broken.json: invalid JSON at line 1"), "{stderr}");
+    assert!(stderr.contains("robot.json: messages[0]: unknown role"), "{stderr}");
+    assert!(stdout.contains("1 sessions, "), "{stdout}");
+}
+
+#[test]
+fn synthetic_fleet_never_exceeds_the_budget_under_strata() {
+    let out = tempfile::tempdir().unwrap();
+    let report = out.path().join("fleet.json");
+    let output = strata()
+        .args(["replay", "--synthetic-fleet", "--agents", "2", "--hours", "24", "--seed", "1"])
+        // A small window forces budget compactions.
+        .args(["--context-window", "32000", "--report"])
+        .arg(&report)
+        .output()
+        .unwrap();
+    assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
+    let json: serde_json::Value = serde_json::from_slice(&std::fs::read(&report).unwrap()).unwrap();
+    let totals = json["totals"].as_array().unwrap();
+    let by = |name: &str| totals.iter().find(|t| t["policy"] == name).unwrap().clone();
+    assert!(by("naive")["callsOverBudget"].as_u64().unwrap() > 0, "the fleet overflows without a policy");
+    assert_eq!(by("strata")["callsOverBudget"], 0);
+    assert!(by("strata")["expirations"].as_u64().unwrap() > 0, "heartbeats must expire");
+    assert!(by("strata")["compactions"].as_u64().unwrap() > 0, "the budget must have triggered compaction");
+    assert_eq!(by("strata")["markers"][0], by("strata")["markers"][1], "every decision/TODO line survives");
+}
+
+#[test]
+fn missing_inputs_fail_clearly() {
+    let output = strata().args(["replay", "/nonexistent/sessions"]).output().unwrap();
+    assert!(!output.status.success());
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(stderr.contains("/nonexistent/sessions: no such file or directory"), "{stderr}");
+    assert!(stderr.contains("no session could be replayed"), "{stderr}");
+}
