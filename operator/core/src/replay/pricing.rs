@@ -71,6 +71,20 @@ pub struct CallCost {
     pub units: f64,
 }
 
+impl std::ops::Add for CallCost {
+    type Output = CallCost;
+
+    fn add(self, other: CallCost) -> CallCost {
+        CallCost {
+            total: self.total + other.total,
+            fresh: self.fresh + other.fresh,
+            cache_write: self.cache_write + other.cache_write,
+            cache_read: self.cache_read + other.cache_read,
+            units: self.units + other.units,
+        }
+    }
+}
+
 /// The cache a provider holds for one session.
 pub struct ProviderCache {
     provider: Provider,

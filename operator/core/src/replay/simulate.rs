@@ -185,13 +185,7 @@ impl PolicyReport {
 
     /// Sum of the calls' bills.
     pub fn totals(&self) -> CallCost {
-        self.calls.iter().fold(CallCost::default(), |sum, c| CallCost {
-            total: sum.total + c.cost.total,
-            fresh: sum.fresh + c.cost.fresh,
-            cache_write: sum.cache_write + c.cost.cache_write,
-            cache_read: sum.cache_read + c.cost.cache_read,
-            units: sum.units + c.cost.units,
-        })
+        self.calls.iter().fold(CallCost::default(), |sum, c| sum + c.cost)
     }
 
     fn record(&mut self, cost: CallCost, reserved: u64, window: u64, compacted: bool) {

@@ -29,17 +29,9 @@ pub(crate) fn line_count(text: &str) -> usize {
     text.lines().count()
 }
 
-/// `n` with `,` thousands separators (`48213` → `48,213`).
+/// `n` with `,` thousands separators (`48213` → `48,213`), as the Tier-3 telemetry writes numbers.
 pub(crate) fn grouped(n: usize) -> String {
-    let digits = n.to_string();
-    let mut out = String::with_capacity(digits.len() + digits.len() / 3);
-    for (index, digit) in digits.chars().enumerate() {
-        if index > 0 && (digits.len() - index).is_multiple_of(3) {
-            out.push(',');
-        }
-        out.push(digit);
-    }
-    out
+    crate::budget::with_thousands_separators(n as u64)
 }
 
 #[cfg(test)]

@@ -2,9 +2,8 @@
 
 use k8s_openapi::api::batch::v1::{Job, JobSpec};
 use k8s_openapi::api::core::v1::{
-    Capabilities, ConfigMapVolumeSource, Container, EmptyDirVolumeSource, KeyToPath,
-    PersistentVolumeClaimVolumeSource, PodSecurityContext, PodSpec, PodTemplateSpec, ResourceRequirements,
-    SeccompProfile, SecretVolumeSource, SecurityContext, Volume, VolumeMount,
+    Container, EmptyDirVolumeSource, PersistentVolumeClaimVolumeSource, PodSecurityContext, PodSpec,
+    PodTemplateSpec, ResourceRequirements, Volume,
 };
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use kube::Resource;
@@ -14,7 +13,8 @@ use strata_api::compaction_job::CompactionMode;
 use strata_api::{Agent, CompactionJob};
 
 use crate::controller::agent::build::{
-    API_KEY_FILE, CONFIG_DIR, CONFIG_FILE, DATA_DIR, config_map_name, journal_claim_name,
+    API_KEY_FILE, CONFIG_DIR, CONFIG_FILE, DATA_DIR, config_and_credentials_volumes, config_map_name,
+    journal_claim_name, mount, restricted, runtime_default_seccomp,
 };
 use crate::controller::error::{Error, Result, name_of, namespace_of};
 use crate::controller::labels::{LABEL_AGENT, LABEL_COMPACTION_JOB, LABEL_MANAGED_BY, MANAGED_BY};
@@ -85,13 +85,7 @@ pub fn build_job(compaction: &CompactionJob, agent: &Agent, image: &str, node: O
     ]);
     let credentials = &agent.spec.model.credentials_secret_ref;
     let credentials_dir = API_KEY_FILE.rsplit_once('/').map(|(dir, _)| dir).unwrap_or(API_KEY_FILE);
-    let seccomp = SeccompProfile { type_: "RuntimeDefault".into(), localhost_profile: None };
-    let mount = |name: &str, path: &str, read_only: bool| VolumeMount {
-        name: name.into(),
-        mount_path: path.into(),
-        read_only: read_only.then_some(true),
-        ..VolumeMount::default()
-    };
+    let seccomp = runtime_default_seccomp();
     let container = Container {
         name: COMPACT_CONTAINER.into(),
         image: Some(image.into()),
@@ -105,16 +99,7 @@ pub fn build_job(compaction: &CompactionJob, agent: &Agent, image: &str, node: O
             limits: Some([("memory".into(), Quantity("1Gi".into()))].into()),
             ..ResourceRequirements::default()
         }),
-        security_context: Some(SecurityContext {
-            allow_privilege_escalation: Some(false),
-            capabilities: Some(Capabilities { drop: Some(vec!["ALL".into()]), add: None }),
-            read_only_root_filesystem: Some(true),
-            run_as_non_root: Some(true),
-            run_as_user: Some(COMPACTOR_UID),
-            run_as_group: Some(COMPACTOR_UID),
-            seccomp_profile: Some(seccomp.clone()),
-            ..SecurityContext::default()
-        }),
+        security_context: Some(restricted(true, Some(COMPACTOR_UID))),
         volume_mounts: Some(vec![
             mount("journal", DATA_DIR, false),
             mount("config", CONFIG_DIR, true),
@@ -123,6 +108,8 @@ pub fn build_job(compaction: &CompactionJob, agent: &Agent, image: &str, node: O
         ]),
         ..Container::default()
     };
+    let [config, credentials_volume] =
+        config_and_credentials_volumes(&config_map_name(&agent_name), credentials);
     let volumes = vec![
         Volume {
             name: "journal".into(),
@@ -132,28 +119,8 @@ pub fn build_job(compaction: &CompactionJob, agent: &Agent, image: &str, node: O
             }),
             ..Volume::default()
         },
-        Volume {
-            name: "config".into(),
-            config_map: Some(ConfigMapVolumeSource {
-                name: config_map_name(&agent_name),
-                ..Default::default()
-            }),
-            ..Volume::default()
-        },
-        Volume {
-            name: "credentials".into(),
-            secret: Some(SecretVolumeSource {
-                secret_name: Some(credentials.name.clone()),
-                items: Some(vec![KeyToPath {
-                    key: credentials.key.clone(),
-                    path: "api-key".into(),
-                    mode: None,
-                }]),
-                default_mode: Some(0o440),
-                optional: Some(false),
-            }),
-            ..Volume::default()
-        },
+        config,
+        credentials_volume,
         Volume { name: "tmp".into(), empty_dir: Some(EmptyDirVolumeSource::default()), ..Volume::default() },
     ];
     Ok(Job {

@@ -23,6 +23,7 @@ pub use stateful_set::{
     API_KEY_FILE, CONFIG_DIR, DATA_DIR, GATEWAY_LISTEN, GATEWAY_PORT, JOURNAL_VOLUME, METRICS_PORT,
     journal_claim_name,
 };
+pub(crate) use stateful_set::{config_and_credentials_volumes, mount, restricted, runtime_default_seccomp};
 
 use crate::controller::child_index::ChildKind;
 use crate::controller::context::Settings;

@@ -19,6 +19,7 @@ use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use serde_json::json;
 use strata_api::Agent;
 use strata_api::agent::CacheAffinityMode;
+use strata_api::refs::LocalKeyRef;
 
 use super::config_map::{CONFIG_FILE, config_map_name};
 use super::metadata::ChildMeta;
@@ -114,12 +115,41 @@ fn pod_template(meta: &ChildMeta, agent: &Agent, settings: &Settings) -> Result<
     })
 }
 
-fn runtime_default_seccomp() -> SeccompProfile {
+/// The `config` (gateway.json) and `credentials` (the provider key as `api-key`) volumes that the
+/// gateway sidecar and the compaction Job both mount.
+pub(crate) fn config_and_credentials_volumes(config_map: &str, credentials: &LocalKeyRef) -> [Volume; 2] {
+    [
+        Volume {
+            name: "config".into(),
+            config_map: Some(ConfigMapVolumeSource {
+                name: config_map.into(),
+                ..ConfigMapVolumeSource::default()
+            }),
+            ..Volume::default()
+        },
+        Volume {
+            name: "credentials".into(),
+            secret: Some(SecretVolumeSource {
+                secret_name: Some(credentials.name.clone()),
+                items: Some(vec![KeyToPath {
+                    key: credentials.key.clone(),
+                    path: "api-key".into(),
+                    mode: None,
+                }]),
+                default_mode: Some(0o440),
+                optional: Some(false),
+            }),
+            ..Volume::default()
+        },
+    ]
+}
+
+pub(crate) fn runtime_default_seccomp() -> SeccompProfile {
     SeccompProfile { type_: "RuntimeDefault".into(), localhost_profile: None }
 }
 
 /// Restricted container security: no privilege escalation, every capability dropped.
-fn restricted(read_only_root: bool, run_as: Option<i64>) -> SecurityContext {
+pub(crate) fn restricted(read_only_root: bool, run_as: Option<i64>) -> SecurityContext {
     SecurityContext {
         allow_privilege_escalation: Some(false),
         capabilities: Some(Capabilities { drop: Some(vec!["ALL".into()]), add: None }),
@@ -132,7 +162,7 @@ fn restricted(read_only_root: bool, run_as: Option<i64>) -> SecurityContext {
     }
 }
 
-fn mount(name: &str, path: &str, read_only: bool) -> VolumeMount {
+pub(crate) fn mount(name: &str, path: &str, read_only: bool) -> VolumeMount {
     VolumeMount {
         name: name.into(),
         mount_path: path.into(),
@@ -238,29 +268,10 @@ fn runtime_container(agent: &Agent) -> Container {
 
 fn volumes(meta: &ChildMeta, agent: &Agent) -> Vec<Volume> {
     let credentials = &agent.spec.model.credentials_secret_ref;
+    let [config, credentials] = config_and_credentials_volumes(&config_map_name(&meta.agent), credentials);
     vec![
-        Volume {
-            name: "config".into(),
-            config_map: Some(ConfigMapVolumeSource {
-                name: config_map_name(&meta.agent),
-                ..ConfigMapVolumeSource::default()
-            }),
-            ..Volume::default()
-        },
-        Volume {
-            name: "credentials".into(),
-            secret: Some(SecretVolumeSource {
-                secret_name: Some(credentials.name.clone()),
-                items: Some(vec![KeyToPath {
-                    key: credentials.key.clone(),
-                    path: "api-key".into(),
-                    mode: None,
-                }]),
-                default_mode: Some(0o440),
-                optional: Some(false),
-            }),
-            ..Volume::default()
-        },
+        config,
+        credentials,
         Volume {
             name: "service-account-token".into(),
             projected: Some(ProjectedVolumeSource {
