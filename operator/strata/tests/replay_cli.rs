@@ -94,3 +94,18 @@ fn missing_inputs_fail_clearly() {
     assert!(stderr.contains("/nonexistent/sessions: no such file or directory"), "{stderr}");
     assert!(stderr.contains("no session could be replayed"), "{stderr}");
 }
+
+#[test]
+fn the_seed_003_session_replays_as_pi_session_jsonl() {
+    let seeds = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../../shared/seeds");
+    let session = std::fs::read_dir(&seeds)
+        .unwrap_or_else(|e| panic!("{} is required for this test (CI provides it): {e}", seeds.display()))
+        .map(|e| e.unwrap().path())
+        .find(|p| p.file_name().is_some_and(|n| n.to_string_lossy().starts_with("003_")))
+        .expect("seed 003 session");
+    let output = strata().arg("replay").arg(&session).args(["--format", "pi-session"]).output().unwrap();
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(output.status.success(), "{stdout}\n{}", String::from_utf8_lossy(&output.stderr));
+    assert!(stdout.starts_with("1 sessions, 1 model calls"), "{stdout}");
+    assert!(stdout.contains("calibration:"), "the session records its usage: {stdout}");
+}
