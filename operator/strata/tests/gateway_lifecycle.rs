@@ -210,3 +210,42 @@ async fn bad_input_and_upstream_failures_answer_in_the_providers_shape() {
     let ready = client.get(gateway.url("/readyz")).send().await.unwrap();
     assert_eq!(ready.status(), 200);
 }
+
+#[tokio::test]
+async fn the_prompt_prefix_is_byte_stable_across_turns_and_restarts() {
+    let fake = FakeUpstream::start().await;
+    fake.script([
+        Reply::Text("first".into()),
+        Reply::Calls(String::new(), vec![gateway_support::call("call_1", "lookup", json!({"q": "x"}))]),
+    ]);
+    let mut gateway = Harness::start(&fake, Provider::OpenAI, |_| {}).await;
+    let session = [("x-strata-session", "main")];
+    let tools =
+        json!([{"type": "function", "function": {"name": "lookup", "parameters": {"type": "object"}}}]);
+    let turns = [
+        json!([{"role": "user", "content": "one"}]),
+        json!([{"role": "user", "content": "two"}]),
+        json!([{"role": "tool", "tool_call_id": "call_1", "content": "result"}]),
+        json!([{"role": "user", "content": "three"}]),
+        json!([{"role": "user", "content": "four"}]),
+    ];
+    for (index, messages) in turns.iter().enumerate() {
+        if index == 3 {
+            gateway = gateway.restart().await;
+        }
+        let (status, _) =
+            gateway.post_json(CHAT, &json!({"messages": messages, "tools": tools}), &session).await;
+        assert_eq!(status, 200);
+    }
+    let seen = fake.seen();
+    for pair in seen.windows(2) {
+        let before = &pair[0].raw;
+        let telemetry = before.rfind("Status: Context:").unwrap();
+        let cut = before[..telemetry].rfind('{').unwrap();
+        assert!(
+            pair[1].raw.starts_with(&before[..cut]),
+            "the cached prefix changed:\n{before}\n{}",
+            pair[1].raw
+        );
+    }
+}

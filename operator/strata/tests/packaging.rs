@@ -7,6 +7,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::io::Write as _;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
@@ -52,7 +53,8 @@ fn tools(test: &str) -> Option<Tools> {
                 "{test}: SKIPPED: {missing} is not installed; run .ci/packaging-checks.sh to install it into .tools/ and run these checks"
             );
             assert!(std::env::var_os("STRATA_PACKAGING_REQUIRED").is_none(), "{message}");
-            eprintln!("{message}");
+            // Straight to stderr, past the test harness's capture, so the skip shows in `cargo test`.
+            let _ = writeln!(std::io::stderr(), "{message}");
             None
         }
     }

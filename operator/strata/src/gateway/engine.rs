@@ -22,7 +22,7 @@ use strata_core::prefix::{PrefixError, StablePrefix, StablePrefixSources, ToolOr
 use strata_core::tokens::{Calibration, TokenCounter, TokenizerError};
 use strata_core::tool_output::{ToolOutputError, spill};
 
-use super::body::ChunkedBody;
+use super::body::{Assembly, ChunkedBody};
 use super::config::Settings;
 use super::conversation::{Api, Turn};
 use super::fragments::FragmentCache;
@@ -184,6 +184,8 @@ pub struct Engine {
     dedup: DedupIndex,
     ledger: CallLedger,
     fragments: FragmentCache,
+    assembly: Assembly,
+    tier2_epoch: u64,
     pending_churn: ChurnCause,
     last_refresh: Instant,
     dirty: bool,
@@ -273,6 +275,8 @@ impl Engine {
             dedup: DedupIndex::new(),
             ledger: CallLedger::default(),
             fragments: FragmentCache::default(),
+            assembly: Assembly::default(),
+            tier2_epoch: 0,
             pending_churn: ChurnCause::Cold,
             last_refresh: Instant::now(),
             dirty: false,
@@ -313,6 +317,7 @@ impl Engine {
         }
         self.compiler.apply_treatments(batch, self.journal.entries(), &self.counter)?;
         self.fragments = FragmentCache::default();
+        self.tier2_epoch += 1;
         Ok(())
     }
 
@@ -350,6 +355,9 @@ impl Engine {
                         );
                     }
                 }
+                if !batch.is_empty() {
+                    self.tier2_epoch += 1;
+                }
                 self.compiler.apply_treatments(batch, entries, &self.counter)?;
                 Ok(saved)
             }
@@ -360,6 +368,7 @@ impl Engine {
                     self.dedup.observe(entry);
                 }
                 self.fragments.truncate(entries.len());
+                self.tier2_epoch += 1;
                 if self.pending_churn == ChurnCause::None {
                     self.pending_churn = ChurnCause::HistoryRewrite;
                 }
@@ -612,11 +621,11 @@ impl Engine {
         head: Map<String, Value>,
     ) -> Result<UpstreamCall, EngineError> {
         let packet = self.compiler.compile(settings.limit, settings.budget)?;
+        self.assembly.check_epoch(self.tier2_epoch);
+        let (fragments, assembly, ledger) = (&mut self.fragments, &mut self.assembly, &self.ledger);
         let body = match self.api {
-            Api::OpenAi => render_openai::body(head, &self.tier1, &packet, &mut self.fragments, &self.ledger),
-            Api::Anthropic => {
-                render_anthropic::body(head, &self.tier1, &packet, &mut self.fragments, &self.ledger)
-            }
+            Api::OpenAi => render_openai::body(head, &self.tier1, &packet, fragments, assembly, ledger),
+            Api::Anthropic => render_anthropic::body(head, &self.tier1, &packet, fragments, assembly, ledger),
         };
         let mut sections: Vec<SectionSummary> = packet
             .prefix

@@ -29,6 +29,13 @@ pub struct Rendered {
     pub assistant: bool,
 }
 
+impl Fragment {
+    /// Whether the JSON can no longer change.
+    pub fn is_complete(&self) -> bool {
+        self.complete
+    }
+}
+
 /// Fragments by position in the compiler's Tier 2, checked against the entry they were made from.
 #[derive(Debug, Default)]
 pub struct FragmentCache {

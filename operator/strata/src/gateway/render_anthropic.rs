@@ -8,7 +8,7 @@ use serde_json::{Map, Value, json};
 use strata_core::compiler::{Breakpoint, Packet, RenderedEntry};
 use strata_core::entry::{EntryId, Role};
 
-use super::body::ChunkedBody;
+use super::body::{Assembly, ChunkedBody, Sink};
 use super::fragments::{FragmentCache, Rendered};
 use super::ledger::CallLedger;
 use super::tier1::{Tier1Json, ephemeral};
@@ -68,49 +68,44 @@ fn fragment_with_breakpoint(entry: &RenderedEntry, ledger: &CallLedger) -> (Stri
     (join(&values), assistant)
 }
 
-struct Messages {
-    out: ChunkedBody,
-    side: Option<bool>,
+/// Writes one content block, opening and closing message groups as the side changes.
+fn block(out: &mut impl Sink, side: &mut Option<bool>, assistant: bool, json: &Bytes) {
+    match *side {
+        Some(current) if current == assistant => out.put(b","),
+        Some(_) => {
+            out.put(b"]},");
+            open(out, side, assistant);
+        }
+        None => {
+            if assistant {
+                open(out, side, false);
+                out.put(json!({"type": "text", "text": LEADING_USER_TEXT}).to_string().as_bytes());
+                out.put(b"]},");
+            }
+            open(out, side, assistant);
+        }
+    }
+    out.put_shared(json);
 }
 
-impl Messages {
-    fn block(&mut self, assistant: bool, json: Bytes) {
-        match self.side {
-            Some(side) if side == assistant => self.out.push_static(b","),
-            Some(_) => {
-                self.out.push_static(b"]},");
-                self.open(assistant);
-            }
-            None => {
-                if assistant {
-                    self.open(false);
-                    let leading = json!({"type": "text", "text": LEADING_USER_TEXT}).to_string();
-                    self.out.push(Bytes::from(leading));
-                    self.out.push_static(b"]},");
-                }
-                self.open(assistant);
-            }
-        }
-        self.out.push(json);
+fn open(out: &mut impl Sink, side: &mut Option<bool>, assistant: bool) {
+    if assistant {
+        out.put(b"{\"role\":\"assistant\",\"content\":[");
+    } else {
+        out.put(b"{\"role\":\"user\",\"content\":[");
     }
-
-    fn open(&mut self, assistant: bool) {
-        if assistant {
-            self.out.push_static(b"{\"role\":\"assistant\",\"content\":[");
-        } else {
-            self.out.push_static(b"{\"role\":\"user\",\"content\":[");
-        }
-        self.side = Some(assistant);
-    }
+    *side = Some(assistant);
 }
 
-/// Serialises the request: `head` (model, parameters), Tier 1 with its breakpoint, Tier 2 with entry
-/// breakpoints, and the Tier-3 telemetry as a final text block of the last user message.
+/// Serialises the request: `head` (model, parameters), Tier 1 with its breakpoint, Tier 2 (the
+/// assembled part by reference, then the newer entries, with entry breakpoints) and the Tier-3
+/// telemetry as a final text block of the last user message.
 pub fn body(
     head: Map<String, Value>,
     tier1: &Tier1Json,
     packet: &Packet<'_>,
     cache: &mut FragmentCache,
+    assembly: &mut Assembly,
     ledger: &CallLedger,
 ) -> ChunkedBody {
     let tier1_breakpoint = packet.breakpoints.contains(&Breakpoint::Tier1);
@@ -122,48 +117,69 @@ pub fn body(
             Breakpoint::Tier1 => None,
         })
         .collect();
-    let mut out = ChunkedBody::with_capacity(2 * packet.entries.len() + 16);
+    let last_included = packet.entries.iter().rposition(|entry| entry.included).unwrap_or(0);
+    let mut index = assembly.upto();
+    let mut side = assembly.side;
+    while index < last_included {
+        let entry = &packet.entries[index];
+        if entry.included {
+            if entry_breakpoints.contains(&entry.id) {
+                let (json, assistant) = fragment_with_breakpoint(entry, ledger);
+                block(assembly, &mut side, assistant, &Bytes::from(json));
+            } else {
+                let fragment = cache.get(index, entry, |entry| fragment(entry, ledger));
+                if !fragment.is_complete() {
+                    break;
+                }
+                block(assembly, &mut side, fragment.assistant, &fragment.json);
+            }
+        }
+        index += 1;
+        assembly.side = side;
+        assembly.advance(index);
+    }
+    let mut out = ChunkedBody::default();
     let mut head = Value::Object(head).to_string();
     head.pop();
     let has_fields = head.len() > 1;
-    out.push(Bytes::from(head));
+    out.put(head.as_bytes());
     if has_fields {
-        out.push_static(b",");
+        out.put(b",");
     }
     let system_has_text = !tier1.system_text.is_empty();
     if system_has_text {
-        out.push_static(b"\"system\":");
+        out.put(b"\"system\":");
         let system = if tier1_breakpoint { &tier1.system_json_breakpoint } else { &tier1.system_json };
-        out.push(system.clone());
-        out.push_static(b",");
+        out.put_shared(system);
+        out.put(b",");
     }
     if !tier1.tools.is_empty() {
-        out.push_static(b"\"tools\":");
+        out.put(b"\"tools\":");
         let tools = if tier1_breakpoint && !system_has_text {
             &tier1.tools_json_breakpoint
         } else {
             &tier1.tools_json
         };
-        out.push(tools.clone());
-        out.push_static(b",");
+        out.put_shared(tools);
+        out.put(b",");
     }
-    out.push_static(b"\"messages\":[");
-    let mut messages = Messages { out, side: None };
-    for (index, entry) in packet.entries.iter().enumerate() {
+    out.put(b"\"messages\":[");
+    assembly.write_to(&mut out);
+    let mut side = assembly.side;
+    for (index, entry) in packet.entries.iter().enumerate().skip(assembly.upto()) {
         if !entry.included {
             continue;
         }
         if entry_breakpoints.contains(&entry.id) {
             let (json, assistant) = fragment_with_breakpoint(entry, ledger);
-            messages.block(assistant, Bytes::from(json));
+            block(&mut out, &mut side, assistant, &Bytes::from(json));
         } else {
             let fragment = cache.get(index, entry, |entry| fragment(entry, ledger));
-            messages.block(fragment.assistant, fragment.json.clone());
+            block(&mut out, &mut side, fragment.assistant, &fragment.json);
         }
     }
-    let telemetry = json!({"type": "text", "text": packet.telemetry}).to_string();
-    messages.block(false, Bytes::from(telemetry));
-    let mut out = messages.out;
-    out.push_static(b"]}]}");
+    let telemetry = Bytes::from(json!({"type": "text", "text": packet.telemetry}).to_string());
+    block(&mut out, &mut side, false, &telemetry);
+    out.put(b"]}]}");
     out
 }

@@ -1,11 +1,10 @@
 //! The upstream body of an OpenAI chat completion built from the compiled packet.
 
-use bytes::Bytes;
 use serde_json::{Map, Value, json};
 use strata_core::compiler::{Packet, RenderedEntry};
 use strata_core::entry::Role;
 
-use super::body::ChunkedBody;
+use super::body::{Assembly, ChunkedBody, Sink};
 use super::fragments::{FragmentCache, Rendered};
 use super::ledger::CallLedger;
 use super::tier1::Tier1Json;
@@ -60,47 +59,59 @@ pub fn fragment(entry: &RenderedEntry, ledger: &CallLedger) -> Rendered {
     }
 }
 
-/// Serialises the request: `head` (model, parameters, cache hints), Tier 1, Tier 2 and the Tier-3
-/// telemetry as a trailing system message after the cached prefix.
+/// Serialises the request: `head` (model, parameters, cache hints), Tier 1, Tier 2 (the assembled
+/// part by reference, then the newer entries) and the Tier-3 telemetry as a trailing system message
+/// after the cached prefix.
 pub fn body(
     head: Map<String, Value>,
     tier1: &Tier1Json,
     packet: &Packet<'_>,
     cache: &mut FragmentCache,
+    assembly: &mut Assembly,
     ledger: &CallLedger,
 ) -> ChunkedBody {
-    let mut out = ChunkedBody::with_capacity(2 * packet.entries.len() + 12);
+    let last_included = packet.entries.iter().rposition(|entry| entry.included).unwrap_or(0);
+    let mut index = assembly.upto();
+    while index < last_included {
+        let entry = &packet.entries[index];
+        if entry.included {
+            let fragment = cache.get(index, entry, |entry| fragment(entry, ledger));
+            if !fragment.is_complete() {
+                break;
+            }
+            assembly.put(&fragment.json);
+            assembly.put(b",");
+        }
+        index += 1;
+        assembly.advance(index);
+    }
+    let mut out = ChunkedBody::default();
     let mut head = Value::Object(head).to_string();
     head.pop();
     let has_fields = head.len() > 1;
-    out.push(Bytes::from(head));
+    out.put(head.as_bytes());
     if has_fields {
-        out.push_static(b",");
+        out.put(b",");
     }
     if !tier1.tools.is_empty() {
-        out.push_static(b"\"tools\":");
-        out.push(tier1.tools_json.clone());
-        out.push_static(b",");
+        out.put(b"\"tools\":");
+        out.put_shared(&tier1.tools_json);
+        out.put(b",");
     }
-    out.push_static(b"\"messages\":[");
-    let mut separator = false;
-    let mut push = |out: &mut ChunkedBody, json: Bytes| {
-        if separator {
-            out.push_static(b",");
-        }
-        separator = true;
-        out.push(json);
-    };
+    out.put(b"\"messages\":[");
     if !tier1.system_text.is_empty() {
-        push(&mut out, tier1.system_json.clone());
+        out.put_shared(&tier1.system_json);
+        out.put(b",");
     }
-    for (index, entry) in packet.entries.iter().enumerate() {
+    assembly.write_to(&mut out);
+    for (index, entry) in packet.entries.iter().enumerate().skip(assembly.upto()) {
         if entry.included {
             let fragment = cache.get(index, entry, |entry| fragment(entry, ledger));
-            push(&mut out, fragment.json.clone());
+            out.put_shared(&fragment.json);
+            out.put(b",");
         }
     }
-    push(&mut out, Bytes::from(json!({"role": "system", "content": packet.telemetry}).to_string()));
-    out.push_static(b"]}");
+    out.put(json!({"role": "system", "content": packet.telemetry}).to_string().as_bytes());
+    out.put(b"]}");
     out
 }

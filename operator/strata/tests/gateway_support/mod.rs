@@ -53,6 +53,7 @@ pub struct Seen {
     pub path: String,
     pub headers: HeaderMap,
     pub body: Value,
+    pub raw: String,
 }
 
 #[derive(Default)]
@@ -109,12 +110,10 @@ impl FakeUpstream {
     }
 }
 
-fn next_reply(state: &FakeState, path: &str, headers: &HeaderMap, body: &Value) -> Reply {
-    state.seen.lock().unwrap().push(Seen {
-        path: path.to_owned(),
-        headers: headers.clone(),
-        body: body.clone(),
-    });
+fn next_reply(state: &FakeState, path: &str, headers: &HeaderMap, raw: &str) -> Reply {
+    let body = serde_json::from_str(raw).unwrap();
+    let seen = Seen { path: path.to_owned(), headers: headers.clone(), body, raw: raw.to_owned() };
+    state.seen.lock().unwrap().push(seen);
     state.script.lock().unwrap().pop_front().unwrap_or_else(|| Reply::Text("ok".into()))
 }
 
@@ -159,8 +158,8 @@ fn error_response(status: u16, body: String) -> Response {
 }
 
 async fn openai(State(state): State<Arc<FakeState>>, headers: HeaderMap, body: String) -> Response {
-    let body: Value = serde_json::from_str(&body).unwrap();
     let reply = resolve(next_reply(&state, "/v1/chat/completions", &headers, &body)).await;
+    let body: Value = serde_json::from_str(&body).unwrap();
     let prompt = prompt_tokens(&body);
     let usage = json!({"prompt_tokens": prompt, "completion_tokens": 5, "total_tokens": prompt + 5,
         "prompt_tokens_details": {"cached_tokens": CACHED_TOKENS}});
@@ -224,8 +223,8 @@ async fn openai(State(state): State<Arc<FakeState>>, headers: HeaderMap, body: S
 }
 
 async fn anthropic(State(state): State<Arc<FakeState>>, headers: HeaderMap, body: String) -> Response {
-    let body: Value = serde_json::from_str(&body).unwrap();
     let reply = resolve(next_reply(&state, "/v1/messages", &headers, &body)).await;
+    let body: Value = serde_json::from_str(&body).unwrap();
     let prompt = prompt_tokens(&body);
     let usage = json!({"input_tokens": prompt - CACHED_TOKENS - 3, "cache_read_input_tokens": CACHED_TOKENS,
         "cache_creation_input_tokens": 3, "output_tokens": 5});
