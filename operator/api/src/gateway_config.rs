@@ -21,9 +21,11 @@ pub struct GatewayConfig {
     pub agent: AgentIdentity,
     /// The upstream model.
     pub upstream: UpstreamConfig,
-    /// The effective context policy.
+    /// The effective context policy (the built-in defaults when absent, e.g. in a hand-written file).
+    #[serde(default)]
     pub policy: EffectivePolicy,
-    /// Tier-1 sources.
+    /// Tier-1 sources (empty when absent).
+    #[serde(default)]
     pub stable_prefix: StablePrefixConfig,
     /// The tenant-scoped cache key (full hex); `cacheKeyShort` is its label form.
     pub cache_key: String,

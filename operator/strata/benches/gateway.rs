@@ -203,14 +203,22 @@ fn percentile(sorted: &[Duration], p: f64) -> Duration {
     sorted[index.min(sorted.len() - 1)]
 }
 
-async fn read_all(response: reqwest::Response) -> usize {
-    assert!(response.status().is_success(), "status {}", response.status());
-    response.bytes().await.unwrap().len()
+/// Reads a whole answer; a failure (status or transport) is returned with its text.
+async fn read_all(response: Result<reqwest::Response, reqwest::Error>) -> Result<usize, String> {
+    let response = response.map_err(|error| error.to_string())?;
+    let status = response.status();
+    let body = response.bytes().await.map_err(|error| error.to_string())?;
+    if status.is_success() {
+        Ok(body.len())
+    } else {
+        Err(format!("{status}: {}", String::from_utf8_lossy(&body)))
+    }
 }
 
 struct Phase {
     gateway: Vec<Duration>,
     direct: Vec<Duration>,
+    failures: Vec<String>,
 }
 
 async fn run_phase(
@@ -232,6 +240,7 @@ async fn run_phase(
             if stream_requests {
                 tokio::time::sleep(Duration::from_micros(100 * stream as u64)).await;
             }
+            let mut failures = Vec::new();
             for index in 0..=per_stream {
                 let body = json!({"messages": [{"role": "user", "content": format!("p{stream}.{index}")}], "stream": stream_requests});
                 let started = Instant::now();
@@ -240,10 +249,8 @@ async fn run_phase(
                     .header("x-strata-session", "bench")
                     .json(&body)
                     .send()
-                    .await
-                    .unwrap();
-                read_all(response).await;
-                gateway_times.push(started.elapsed());
+                    .await;
+                let through_gateway = read_all(response).await.map(|_| started.elapsed());
                 let replay = state.latest.lock().unwrap().clone();
                 let started = Instant::now();
                 let response = client
@@ -252,23 +259,29 @@ async fn run_phase(
                     .header("content-type", "application/json")
                     .body(replay)
                     .send()
-                    .await
-                    .unwrap();
-                read_all(response).await;
-                direct_times.push(started.elapsed());
+                    .await;
+                let direct = read_all(response).await.map(|_| started.elapsed());
                 if index == 0 {
-                    gateway_times.clear();
-                    direct_times.clear();
+                    continue;
+                }
+                match (through_gateway, direct) {
+                    (Ok(gateway_time), Ok(direct_time)) => {
+                        gateway_times.push(gateway_time);
+                        direct_times.push(direct_time);
+                    }
+                    (Err(error), _) => failures.push(format!("gateway: {error}")),
+                    (_, Err(error)) => failures.push(format!("direct: {error}")),
                 }
             }
-            (gateway_times, direct_times)
+            (gateway_times, direct_times, failures)
         }));
     }
-    let mut phase = Phase { gateway: Vec::new(), direct: Vec::new() };
+    let mut phase = Phase { gateway: Vec::new(), direct: Vec::new(), failures: Vec::new() };
     for task in tasks {
-        let (gateway_times, direct_times) = task.await.unwrap();
+        let (gateway_times, direct_times, failures) = task.await.unwrap();
         phase.gateway.extend(gateway_times);
         phase.direct.extend(direct_times);
+        phase.failures.extend(failures);
     }
     phase.gateway.sort();
     phase.direct.sort();
@@ -323,6 +336,12 @@ async fn main() {
             let phase = run_phase(gateway.address, fake, Arc::clone(&state), streams, per_stream).await;
             let after = journal_tokens(gateway.address).await;
             let (rss, peak) = rss_kib(gateway.child.id());
+            if let Some(first) = phase.failures.first() {
+                println!("  {} failed requests in {name}, e.g. {first}", phase.failures.len());
+            }
+            if phase.gateway.is_empty() {
+                continue;
+            }
             let (g50, g99) = (percentile(&phase.gateway, 0.5), percentile(&phase.gateway, 0.99));
             let (d50, d99) = (percentile(&phase.direct, 0.5), percentile(&phase.direct, 0.99));
             println!(

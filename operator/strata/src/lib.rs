@@ -4,4 +4,5 @@ pub mod compact;
 pub mod controller;
 pub mod crdgen;
 pub mod gateway;
+pub mod plugin;
 pub mod replay;

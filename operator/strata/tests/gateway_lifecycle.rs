@@ -249,3 +249,36 @@ async fn the_prompt_prefix_is_byte_stable_across_turns_and_restarts() {
         );
     }
 }
+
+#[tokio::test]
+async fn old_large_tool_results_are_elided_and_stay_elided_after_a_restart() {
+    let fake = FakeUpstream::start().await;
+    fake.script([Reply::Calls(
+        String::new(),
+        vec![gateway_support::call("call_big", "read_file", json!({}))],
+    )]);
+    let mut gateway = Harness::start(&fake, Provider::OpenAI, |_| {}).await;
+    let session = [("x-strata-session", "main")];
+    gateway.post_json(CHAT, &user("Read the file."), &session).await;
+    let output: String =
+        (0..120).map(|line| format!("{line:>4}: fn handler() {{ retry(3); log(\"ok\"); }}\n")).collect();
+    let result = json!({"messages": [{"role": "tool", "tool_call_id": "call_big", "content": output}]});
+    let (status, _) = gateway.post_json(CHAT, &result, &session).await;
+    assert_eq!(status, 200);
+    for round in 0..6 {
+        gateway.post_json(CHAT, &user(&format!("Next step {round}.")), &session).await;
+    }
+    let elided = |body: &Value| {
+        body["messages"].as_array().unwrap().iter().any(|m| {
+            m["role"] == "tool"
+                && m["content"].as_str().unwrap().contains("[strata: output elided: kept first 800")
+        })
+    };
+    assert!(elided(&fake.last()), "the old result was not elided");
+    let listing = gateway.entries().await;
+    assert!(listing.iter().any(|e| e["reason"] == "elided"), "{listing:?}");
+    assert!(!gateway.metrics().await.contains("strata_gateway_elided_tokens_total 0"));
+    gateway = gateway.restart().await;
+    gateway.post_json(CHAT, &user("After the restart."), &session).await;
+    assert!(elided(&fake.last()), "the elision was lost in the restart");
+}

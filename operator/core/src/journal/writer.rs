@@ -248,6 +248,13 @@ impl Journal {
         &self.storage
     }
 
+    /// The log file of the current generation. A process that appended with
+    /// [`SyncPolicy::Batched`] may fsync this path itself to make its appends durable without
+    /// holding the writer (group commit).
+    pub fn log_path(&self) -> PathBuf {
+        self.layout.log(self.manifest.generation)
+    }
+
     /// The current generation number.
     pub fn generation(&self) -> u64 {
         self.manifest.generation

@@ -22,60 +22,60 @@ pub const RELOAD_POLL_INTERVAL: Duration = Duration::from_secs(1);
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
     /// The file cannot be read.
-    #[error("reading gateway config {path}: {source}")]
+    #[error("reading gateway config {path}: {cause}")]
     Read {
         /// The file.
         path: PathBuf,
         /// The I/O error.
-        source: std::io::Error,
+        cause: std::io::Error,
     },
     /// The file is not a valid gateway config.
-    #[error("{path}: {source}")]
+    #[error("{path}: {cause}")]
     Parse {
         /// The file.
         path: PathBuf,
         /// The format error.
-        source: GatewayConfigError,
+        cause: GatewayConfigError,
     },
     /// The budget policy does not fit the context window.
-    #[error("{path}: policy.budget: {source}")]
+    #[error("{path}: policy.budget: {cause}")]
     Budget {
         /// The file.
         path: PathBuf,
         /// The budget error.
-        source: BudgetError,
+        cause: BudgetError,
     },
     /// A retention rule cannot be compiled.
-    #[error("{path}: policy.retention: {source}")]
+    #[error("{path}: policy.retention: {cause}")]
     Retention {
         /// The file.
         path: PathBuf,
         /// The rule error.
-        source: RetentionRuleError,
+        cause: RetentionRuleError,
     },
     /// A retention rule does not have the expected JSON shape.
-    #[error("{path}: policy.retention.rules: {source}")]
+    #[error("{path}: policy.retention.rules: {cause}")]
     RetentionShape {
         /// The file.
         path: PathBuf,
         /// The JSON error.
-        source: serde_json::Error,
+        cause: serde_json::Error,
     },
     /// A redaction pattern does not compile.
-    #[error("{path}: policy.redaction.extraPatterns: {source}")]
+    #[error("{path}: policy.redaction.extraPatterns: {cause}")]
     Redaction {
         /// The file.
         path: PathBuf,
         /// The pattern error.
-        source: PatternError,
+        cause: PatternError,
     },
     /// The API key file cannot be read.
-    #[error("reading the upstream API key file {path}: {source}")]
+    #[error("reading the upstream API key file {path}: {cause}")]
     ApiKey {
         /// The key file.
         path: PathBuf,
         /// The I/O error.
-        source: std::io::Error,
+        cause: std::io::Error,
     },
 }
 
@@ -132,20 +132,20 @@ impl Settings {
             safety_margin_tokens: u64::from(policy.budget.safety_margin_tokens),
         };
         let limit = u64::from(config.upstream.context_window);
-        budget.validate(limit).map_err(|source| ConfigError::Budget { path: path.to_owned(), source })?;
+        budget.validate(limit).map_err(|cause| ConfigError::Budget { path: path.to_owned(), cause })?;
         let spill = SpillPolicy {
             max_result_chars: policy.tool_results.max_result_chars as usize,
             preview_chars: policy.tool_results.preview_chars as usize,
             preview_lines: policy.tool_results.preview_lines as usize,
         };
         let redactor = Redactor::new(policy.redaction.enabled, &policy.redaction.extra_patterns)
-            .map_err(|source| ConfigError::Redaction { path: path.to_owned(), source })?;
+            .map_err(|cause| ConfigError::Redaction { path: path.to_owned(), cause })?;
         let rules_json = serde_json::to_value(&policy.retention.rules)
-            .map_err(|source| ConfigError::RetentionShape { path: path.to_owned(), source })?;
+            .map_err(|cause| ConfigError::RetentionShape { path: path.to_owned(), cause })?;
         let rules: Vec<RetentionRule> = serde_json::from_value(rules_json)
-            .map_err(|source| ConfigError::RetentionShape { path: path.to_owned(), source })?;
+            .map_err(|cause| ConfigError::RetentionShape { path: path.to_owned(), cause })?;
         let classifier = Classifier::new(rules)
-            .map_err(|source| ConfigError::Retention { path: path.to_owned(), source })?;
+            .map_err(|cause| ConfigError::Retention { path: path.to_owned(), cause })?;
         let placement = match policy.cache.breakpoints {
             BreakpointMode::Auto => BreakpointPlacement::Auto,
             BreakpointMode::None => BreakpointPlacement::Off,
@@ -153,7 +153,7 @@ impl Settings {
         let api_key = match &config.upstream.api_key_file {
             Some(file) => {
                 let key = std::fs::read_to_string(file)
-                    .map_err(|source| ConfigError::ApiKey { path: PathBuf::from(file), source })?;
+                    .map_err(|cause| ConfigError::ApiKey { path: PathBuf::from(file), cause })?;
                 Some(key.trim().to_owned())
             }
             None => None,
@@ -175,9 +175,9 @@ impl Settings {
     /// Reads, parses and derives the settings of the file at `path`.
     pub fn load(path: &Path) -> Result<Self, ConfigError> {
         let bytes =
-            std::fs::read(path).map_err(|source| ConfigError::Read { path: path.to_owned(), source })?;
+            std::fs::read(path).map_err(|cause| ConfigError::Read { path: path.to_owned(), cause })?;
         let config = GatewayConfig::from_json(&bytes)
-            .map_err(|source| ConfigError::Parse { path: path.to_owned(), source })?;
+            .map_err(|cause| ConfigError::Parse { path: path.to_owned(), cause })?;
         Self::from_config(config, path)
     }
 

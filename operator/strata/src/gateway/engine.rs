@@ -1,7 +1,7 @@
 //! One agent's context state: the journal, the incremental compiler, Tier 1, the session index and
 //! the rendering caches, with the operations the request pipeline performs on them.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashSet};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -16,11 +16,12 @@ use strata_core::compiler::{
     Treatment,
 };
 use strata_core::dedup::{DedupIndex, render_duplicate};
-use strata_core::entry::{Content, Entry, EntryDraft, EntryKind, RetentionClass, Role, ToolResult};
+use strata_core::economics::CachePricing;
+use strata_core::entry::{Content, Entry, EntryDraft, EntryId, EntryKind, RetentionClass, Role, ToolResult};
 use strata_core::journal::{Journal, JournalError, JournalOptions, StdStorage, Storage, SyncPolicy};
 use strata_core::prefix::{PrefixError, StablePrefix, StablePrefixSources, ToolOrderError, ToolRegistry};
 use strata_core::tokens::{Calibration, TokenCounter, TokenizerError};
-use strata_core::tool_output::{ToolOutputError, spill};
+use strata_core::tool_output::{ElisionPolicy, ToolOutputError, elide_entry, plan_elision, spill};
 
 use super::body::{Assembly, ChunkedBody};
 use super::config::Settings;
@@ -32,6 +33,9 @@ use super::tool_schema::{memory_tools, to_api_shape};
 use super::transparent::{ChainHash, IndexError, TransparentIndex};
 use super::{render_anthropic, render_openai};
 
+/// Model calls expected before the prompt changes anyway, for the economics of rewrites.
+const REMAINING_CALLS_ESTIMATE: u64 = 20;
+
 /// Cross-process compaction proposals are picked up at most this often.
 const REFRESH_INTERVAL: Duration = Duration::from_secs(1);
 
@@ -42,10 +46,10 @@ pub enum EngineError {
     #[error(transparent)]
     Journal(#[from] JournalError),
     /// The client's system prompt or tools cannot form a stable prefix.
-    #[error("{0}")]
+    #[error(transparent)]
     Prefix(#[from] PrefixError),
     /// The client's tools cannot be ordered.
-    #[error("{0}")]
+    #[error(transparent)]
     ToolOrder(#[from] ToolOrderError),
     /// The budget policy does not fit the context window.
     #[error(transparent)]
@@ -65,9 +69,6 @@ pub enum EngineError {
     /// Appended entries could not be made durable.
     #[error("journal fsync failed: {0}")]
     Durability(String),
-    /// The engine thread stopped.
-    #[error("the journal thread stopped; restart the gateway")]
-    Stopped,
     /// A gateway state file failed.
     #[error("gateway state file {path}: {reason}")]
     State {
@@ -186,9 +187,20 @@ pub struct Engine {
     fragments: FragmentCache,
     assembly: Assembly,
     tier2_epoch: u64,
+    elided: HashSet<EntryId>,
     pending_churn: ChurnCause,
     last_refresh: Instant,
-    dirty: bool,
+    appended_seq: u64,
+    index_unsynced: bool,
+}
+
+/// The files a group commit fsyncs, and the write count it covers.
+#[derive(Debug)]
+pub struct DurableTarget {
+    /// Writes up to this count become durable.
+    pub seq: u64,
+    /// Files to fsync.
+    pub paths: Vec<PathBuf>,
 }
 
 impl std::fmt::Debug for Engine {
@@ -254,6 +266,8 @@ impl Engine {
         let counter = TokenCounter::with_calibration(settings.tokenizer(), calibration.unwrap_or_default())?;
         let registry: Option<ToolRegistry> = read_state(&state_dir.join("tool-registry.json"))?;
         let transparent = TransparentIndex::load(&state_dir.join("transparent-prefixes"))?;
+        let elided: Option<HashSet<EntryId>> = read_state(&state_dir.join("elided.json"))?;
+        let elided = elided.unwrap_or_default();
         let api = match settings.provider() {
             strata_api::agent::Provider::Anthropic => Api::Anthropic,
             _ => Api::OpenAi,
@@ -277,12 +291,14 @@ impl Engine {
             fragments: FragmentCache::default(),
             assembly: Assembly::default(),
             tier2_epoch: 0,
+            elided,
             pending_churn: ChurnCause::Cold,
             last_refresh: Instant::now(),
-            dirty: false,
+            appended_seq: 0,
+            index_unsynced: false,
         };
         engine.prepare_prefix(settings, "", &[])?;
-        engine.rebuild_window()?;
+        engine.rebuild_window(settings)?;
         engine.pending_churn = ChurnCause::Cold;
         Ok(engine)
     }
@@ -298,7 +314,7 @@ impl Engine {
     }
 
     /// Tier 2 rendered from scratch, with deduplication treatments for every repeated output.
-    fn rebuild_window(&mut self) -> Result<(), EngineError> {
+    fn rebuild_window(&mut self, settings: &Settings) -> Result<(), EngineError> {
         self.compiler = ContextCompiler::new(self.compiler.prefix().clone(), self.placement);
         self.compiler.sync(self.journal.generation(), self.journal.entries(), &self.counter);
         self.ledger.rebuild(self.journal.entries());
@@ -316,6 +332,7 @@ impl Engine {
             }
         }
         self.compiler.apply_treatments(batch, self.journal.entries(), &self.counter)?;
+        self.reapply_elisions(settings)?;
         self.fragments = FragmentCache::default();
         self.tier2_epoch += 1;
         Ok(())
@@ -325,7 +342,7 @@ impl Engine {
     pub fn refresh(&mut self, settings: &Settings, force: bool) -> Result<(), EngineError> {
         if settings.placement != self.placement {
             self.placement = settings.placement;
-            self.rebuild_window()?;
+            self.rebuild_window(settings)?;
         }
         if force || self.last_refresh.elapsed() >= REFRESH_INTERVAL {
             self.last_refresh = Instant::now();
@@ -362,6 +379,8 @@ impl Engine {
                 Ok(saved)
             }
             SyncOutcome::Rebuilt(_) => {
+                let live: HashSet<EntryId> = entries.iter().map(|entry| entry.id).collect();
+                self.elided.retain(|id| live.contains(id));
                 self.ledger.rebuild(entries);
                 self.dedup = DedupIndex::new();
                 for entry in entries {
@@ -375,6 +394,78 @@ impl Engine {
                 Ok(0)
             }
         }
+    }
+
+    fn elision_policy(settings: &Settings) -> ElisionPolicy {
+        let configured = &settings.config.policy.tool_results;
+        ElisionPolicy {
+            elide_after_rounds: configured.elide_after_rounds as usize,
+            elide_over_chars: configured.elide_over_chars as usize,
+            elide_keep_chars: configured.elide_keep_chars as usize,
+            ..ElisionPolicy::default()
+        }
+    }
+
+    fn elision_treatment(content: &Content) -> Treatment {
+        let mut text = content.text.clone();
+        for result in &content.tool_results {
+            if !text.is_empty() {
+                text.push('\n');
+            }
+            text.push_str(&result.output);
+        }
+        Treatment::Replace { text, reason: InclusionReason::Elided }
+    }
+
+    /// Re-applies persisted elisions after the window was rebuilt from scratch (e.g. at start).
+    fn reapply_elisions(&mut self, settings: &Settings) -> Result<(), EngineError> {
+        if self.elided.is_empty() {
+            return Ok(());
+        }
+        let policy = Self::elision_policy(settings);
+        let mut batch = BTreeMap::new();
+        for entry in self.journal.entries().iter().filter(|entry| self.elided.contains(&entry.id)) {
+            let (content, _) = elide_entry(entry, &policy, &self.store, &settings.tenant)?;
+            batch.insert(entry.id, Self::elision_treatment(&content));
+        }
+        self.compiler.apply_treatments(batch, self.journal.entries(), &self.counter)?;
+        Ok(())
+    }
+
+    /// Elides old large tool results when the batch pays for the cache rewrite (seed 002 #5).
+    /// Returns the tokens saved per later call.
+    pub fn elide_old_results(&mut self, settings: &Settings) -> Result<u64, EngineError> {
+        let policy = Self::elision_policy(settings);
+        let pricing = match settings.provider() {
+            strata_api::agent::Provider::Anthropic => CachePricing::ANTHROPIC,
+            _ => CachePricing::OPENAI,
+        };
+        let counter = &self.counter;
+        let entries = self.journal.entries();
+        let Some(planned) = plan_elision(
+            entries,
+            &self.elided,
+            &policy,
+            |text| u64::from(counter.count(text)),
+            REMAINING_CALLS_ESTIMATE,
+            pricing,
+        ) else {
+            return Ok(0);
+        };
+        let wanted: HashSet<EntryId> = planned.ids.iter().copied().collect();
+        let mut batch = BTreeMap::new();
+        for entry in entries.iter().filter(|entry| wanted.contains(&entry.id)) {
+            let (content, _) = elide_entry(entry, &policy, &self.store, &settings.tenant)?;
+            batch.insert(entry.id, Self::elision_treatment(&content));
+        }
+        self.elided.extend(batch.keys().copied());
+        self.compiler.apply_treatments(batch, entries, &self.counter)?;
+        self.tier2_epoch += 1;
+        if self.pending_churn == ChurnCause::None {
+            self.pending_churn = ChurnCause::HistoryRewrite;
+        }
+        write_state(&self.state_dir.join("elided.json"), &Some(&self.elided))?;
+        Ok(planned.saved_tokens)
     }
 
     /// Rebuilds Tier 1 when the configured sources, the client's system text or its tools changed.
@@ -462,19 +553,27 @@ impl Engine {
     }
 
     /// Remembers transparent-session chain values once their turns are journaled (durable with
-    /// the next [`Self::make_durable`]).
-    pub fn remember_chain(&mut self, chains: &[ChainHash]) {
-        self.transparent.stage(chains);
+    /// the next group commit).
+    pub fn remember_chain(&mut self, chains: &[ChainHash]) -> Result<(), EngineError> {
+        if self.transparent.remember(chains)? {
+            self.index_unsynced = true;
+            self.appended_seq += 1;
+        }
+        Ok(())
     }
 
-    /// Makes every append since the last call durable: one journal fsync and one index write.
-    pub fn make_durable(&mut self) -> Result<(), EngineError> {
-        if self.dirty {
-            self.journal.sync()?;
-            self.dirty = false;
+    /// Counts every write that still needs an fsync.
+    pub fn appended_seq(&self) -> u64 {
+        self.appended_seq
+    }
+
+    /// What a group commit must fsync to make every write up to now durable.
+    pub fn durable_target(&mut self) -> DurableTarget {
+        let mut paths = vec![self.journal.log_path()];
+        if std::mem::take(&mut self.index_unsynced) {
+            paths.push(self.transparent.path().to_owned());
         }
-        self.transparent.flush()?;
-        Ok(())
+        DurableTarget { seq: self.appended_seq, paths }
     }
 
     /// Journal draft of a client turn: redacted, tool outputs spilled, classified and counted.
@@ -550,7 +649,7 @@ impl Engine {
         Ok(budget.admit(request))
     }
 
-    /// Appends drafts and updates Tier 2 (durable at the next [`Self::make_durable`]).
+    /// Appends drafts and updates Tier 2 (durable after the next group commit).
     /// Returns the tokens saved by deduplicating repeated outputs.
     pub fn append(&mut self, drafts: Vec<EntryDraft>) -> Result<u64, EngineError> {
         if drafts.is_empty() {
@@ -559,7 +658,7 @@ impl Engine {
         for draft in drafts {
             self.journal.append(draft)?;
         }
-        self.dirty = true;
+        self.appended_seq += 1;
         self.sync_window()
     }
 
@@ -609,7 +708,7 @@ impl Engine {
             artifact_refs: Vec::new(),
         };
         let entry = self.journal.append(draft)?;
-        self.dirty = true;
+        self.appended_seq += 1;
         self.sync_window()?;
         Ok(entry)
     }

@@ -68,7 +68,7 @@ pub enum GatewayError {
         rounds: usize,
     },
     /// The context engine failed.
-    #[error("{0}")]
+    #[error(transparent)]
     Engine(#[from] EngineError),
 }
 

@@ -6,8 +6,16 @@ use prometheus::{
 
 /// A metric could not be registered.
 #[derive(Debug, thiserror::Error)]
-#[error("registering gateway metrics: {0}")]
-pub struct MetricsError(#[from] prometheus::Error);
+#[error("registering gateway metrics: {reason}")]
+pub struct MetricsError {
+    reason: String,
+}
+
+impl From<prometheus::Error> for MetricsError {
+    fn from(error: prometheus::Error) -> Self {
+        Self { reason: error.to_string() }
+    }
+}
 
 /// Every gateway metric.
 #[derive(Debug, Clone)]
@@ -27,6 +35,8 @@ pub struct Metrics {
     pub churn: IntCounterVec,
     /// Bytes of tool output spilled to the artifact store.
     pub spilled_bytes: IntCounter,
+    /// Tokens per later call saved by eliding old large tool results.
+    pub elided_tokens: IntCounter,
     /// Tokens saved by deduplicating repeated tool outputs.
     pub deduplicated_tokens: IntCounter,
     /// Purges run through the memory tool.
@@ -125,6 +135,11 @@ impl Metrics {
                 &registry,
                 "strata_gateway_spilled_bytes_total",
                 "Tool output bytes spilled",
+            )?,
+            elided_tokens: counter(
+                &registry,
+                "strata_gateway_elided_tokens_total",
+                "Tokens per later call saved by eliding old large tool results",
             )?,
             deduplicated_tokens: counter(
                 &registry,

@@ -6,6 +6,7 @@ mod anthropic;
 mod body;
 pub mod config;
 pub mod conversation;
+mod durability;
 mod engine;
 mod errors;
 mod fragments;
@@ -26,7 +27,6 @@ mod tier1;
 mod tool_schema;
 mod transparent;
 mod upstream;
-mod worker;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -70,18 +70,12 @@ pub enum StartError {
     #[error(transparent)]
     Config(#[from] config::ConfigError),
     /// The data directory cannot be opened (locked by another writer, corrupt, unreadable).
-    #[error("data dir {path}: {source}")]
+    #[error("data dir {path}: {cause}")]
     DataDir {
         /// The data directory.
         path: PathBuf,
         /// The journal's (or state file's) error.
-        source: engine::EngineError,
-    },
-    /// The journal thread cannot be started.
-    #[error("starting the journal thread: {source}")]
-    Thread {
-        /// The OS error.
-        source: std::io::Error,
+        cause: engine::EngineError,
     },
     /// The HTTP client cannot be built.
     #[error(transparent)]
@@ -90,12 +84,12 @@ pub enum StartError {
     #[error(transparent)]
     Metrics(#[from] metrics::MetricsError),
     /// A listener cannot be bound.
-    #[error("binding {address}: {source}")]
+    #[error("binding {address}: {cause}")]
     Bind {
         /// The address.
         address: SocketAddr,
         /// The I/O error.
-        source: std::io::Error,
+        cause: std::io::Error,
     },
 }
 
@@ -109,7 +103,6 @@ pub struct RunningGateway {
     shutdown: watch::Sender<bool>,
     tasks: Vec<JoinHandle<()>>,
     background: Vec<JoinHandle<()>>,
-    engine_thread: std::thread::JoinHandle<()>,
 }
 
 impl RunningGateway {
@@ -122,13 +115,11 @@ impl RunningGateway {
         for task in self.tasks.into_iter().chain(self.background) {
             let _ = task.await;
         }
-        let engine_thread = self.engine_thread;
-        let _ = tokio::task::spawn_blocking(move || engine_thread.join()).await;
     }
 }
 
 async fn bind(address: SocketAddr) -> Result<TcpListener, StartError> {
-    TcpListener::bind(address).await.map_err(|source| StartError::Bind { address, source })
+    TcpListener::bind(address).await.map_err(|cause| StartError::Bind { address, cause })
 }
 
 fn serve(listener: TcpListener, router: axum::Router, mut stop: watch::Receiver<bool>) -> JoinHandle<()> {
@@ -147,15 +138,14 @@ fn serve(listener: TcpListener, router: axum::Router, mut stop: watch::Receiver<
 pub async fn start(args: &GatewayArgs) -> Result<RunningGateway, StartError> {
     let settings = config::Settings::load(&args.config)?;
     let engine = engine::Engine::open(&args.data_dir, &settings)
-        .map_err(|source| StartError::DataDir { path: args.data_dir.clone(), source })?;
-    let (engine, engine_thread) =
-        worker::EngineWorker::spawn(engine).map_err(|source| StartError::Thread { source })?;
+        .map_err(|cause| StartError::DataDir { path: args.data_dir.clone(), cause })?;
     let upstream =
         upstream::Upstream::new(Duration::from_secs(u64::from(settings.config.upstream.timeout_seconds)))?;
     let live = config::LiveSettings::new(settings);
     let gateway = Arc::new(pipeline::Gateway {
         live: live.clone(),
-        engine,
+        engine: std::sync::Mutex::new(engine),
+        durability: durability::Durability::default(),
         upstream,
         metrics: metrics::Metrics::new()?,
         pending: pending::PendingOperations::default(),
@@ -165,10 +155,10 @@ pub async fn start(args: &GatewayArgs) -> Result<RunningGateway, StartError> {
     });
     let api = bind(args.listen).await?;
     let metrics_listener = bind(args.metrics_listen).await?;
-    let address = api.local_addr().map_err(|source| StartError::Bind { address: args.listen, source })?;
+    let address = api.local_addr().map_err(|cause| StartError::Bind { address: args.listen, cause })?;
     let metrics_address = metrics_listener
         .local_addr()
-        .map_err(|source| StartError::Bind { address: args.metrics_listen, source })?;
+        .map_err(|cause| StartError::Bind { address: args.metrics_listen, cause })?;
     let (shutdown, stop) = watch::channel(false);
     let mut background = vec![tokio::spawn(config::watch(args.config.clone(), live))];
     if let Some(target) = reporter::ReportTarget::from_env() {
@@ -180,7 +170,7 @@ pub async fn start(args: &GatewayArgs) -> Result<RunningGateway, StartError> {
         serve(metrics_listener, server::metrics_router(gateway), stop),
     ];
     tracing::info!(%address, %metrics_address, "strata gateway listening");
-    Ok(RunningGateway { address, metrics_address, shutdown, tasks, background, engine_thread })
+    Ok(RunningGateway { address, metrics_address, shutdown, tasks, background })
 }
 
 /// Runs `strata gateway` until SIGINT or SIGTERM.

@@ -8,7 +8,7 @@
 //! streams the next round into the same client stream, so the client sees one answer.
 
 use std::convert::Infallible;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use axum::body::Body;
@@ -24,7 +24,8 @@ use tokio::sync::mpsc;
 
 use super::config::{LiveSettings, Settings};
 use super::conversation::{Api, AssistantOutput, ChatRequest, Turn, Usage};
-use super::engine::{UpstreamCall, now_ms};
+use super::durability::Durability;
+use super::engine::{Engine, EngineError, UpstreamCall, now_ms};
 use super::errors::GatewayError;
 use super::inspect::{InspectLog, RequestRecord, RoundRecord, cache_outcome};
 use super::metrics::Metrics;
@@ -34,7 +35,6 @@ use super::sse::{SseEvent, SseParser};
 use super::tool_schema::is_memory_tool;
 use super::transparent::{ChainHash, chain};
 use super::upstream::Upstream;
-use super::worker::EngineWorker;
 use super::{anthropic, memory_tools, openai};
 
 /// Upstream calls per client request at most (memory-tool rounds included).
@@ -48,8 +48,10 @@ pub const SESSION_HEADER: &str = "x-strata-session";
 pub struct Gateway {
     /// The settings in force.
     pub live: LiveSettings,
-    /// The agent's context, on its own thread.
-    pub engine: EngineWorker,
+    /// The agent's context.
+    pub engine: Mutex<Engine>,
+    /// Group commit of the engine's writes.
+    pub durability: Durability,
     /// The upstream client.
     pub upstream: Upstream,
     /// Metrics.
@@ -62,6 +64,29 @@ pub struct Gateway {
     pub max_body_bytes: usize,
     /// Answers of tool-less transparent requests, when the policy enables the response cache.
     pub responses: ResponseCache,
+}
+
+impl Gateway {
+    fn lock_engine(&self) -> MutexGuard<'_, Engine> {
+        match self.engine.lock() {
+            Ok(guard) => guard,
+            Err(poisoned) => poisoned.into_inner(),
+        }
+    }
+
+    /// Runs `work` on the engine and returns once its writes are durable.
+    pub async fn with_engine<T>(
+        &self,
+        work: impl FnOnce(&mut Engine) -> Result<T, EngineError>,
+    ) -> Result<T, EngineError> {
+        let (value, seq) = {
+            let mut engine = self.lock_engine();
+            let value = work(&mut engine)?;
+            (value, engine.appended_seq())
+        };
+        self.durability.wait(&self.engine, seq).await?;
+        Ok(value)
+    }
 }
 
 /// A request after its turns were journaled.
@@ -192,8 +217,7 @@ async fn prepare(
     let head = upstream_head(&settings, &request);
     let work_head = head.clone();
     let (request, intake) = gateway
-        .engine
-        .run(move |engine| {
+        .with_engine(move |engine| {
             let settings = work_settings;
             engine.refresh(&settings, false)?;
             engine.prepare_prefix(&settings, &request.system_text, &request.tools)?;
@@ -217,7 +241,7 @@ async fn prepare(
             }
             let new_entries = drafts.len();
             let deduplicated = engine.append(drafts)?;
-            engine.remember_chain(&chains);
+            engine.remember_chain(&chains)?;
             let chain_tail = transparent.then(|| chains.last().copied().unwrap_or([0; 32]));
             let first_call = Box::new(engine.plan_call(&settings, work_head)?);
             Ok((
@@ -267,7 +291,7 @@ async fn plan(gateway: &Gateway, prepared: &mut Prepared) -> Result<UpstreamCall
         None => {
             let settings = Arc::clone(&prepared.settings);
             let head = prepared.head.clone();
-            gateway.engine.run(move |engine| engine.plan_call(&settings, head)).await?
+            gateway.with_engine(move |engine| engine.plan_call(&settings, head)).await?
         }
     };
     gateway.metrics.churn.with_label_values(&[call.churn.label()]).inc();
@@ -283,6 +307,7 @@ async fn plan(gateway: &Gateway, prepared: &mut Prepared) -> Result<UpstreamCall
 struct MemoryEffects {
     purges: u64,
     compactions: u64,
+    elided_tokens: u64,
 }
 
 /// Journals one round's answer, learns from its usage and runs its memory tools. Returns whether
@@ -309,13 +334,15 @@ async fn record_round(
     let estimated = call.status.tokens;
     let calls = memory_calls.clone();
     let effects = gateway
-        .engine
-        .run(move |engine| {
+        .with_engine(move |engine| {
             engine.append_own(&settings, Role::Assistant, content)?;
             if let Some(usage) = usage {
                 engine.observe_usage(estimated, usage.prompt_tokens)?;
             }
-            let mut effects = MemoryEffects::default();
+            let mut effects = MemoryEffects {
+                elided_tokens: engine.elide_old_results(&settings)?,
+                ..MemoryEffects::default()
+            };
             for memory_call in &calls {
                 let outcome = memory_tools::execute(engine, &settings, memory_call)?;
                 effects.purges += u64::from(outcome.purged);
@@ -339,6 +366,7 @@ async fn record_round(
         metrics.memory_tool_calls.with_label_values(&[memory_call.name.as_str()]).inc();
     }
     metrics.purges.inc_by(effects.purges);
+    metrics.elided_tokens.inc_by(effects.elided_tokens);
     metrics.compactions.inc_by(effects.compactions);
     if let Some(usage) = &output.usage {
         total.add(usage);
@@ -367,13 +395,7 @@ async fn record_round(
 async fn remember_answer(gateway: &Gateway, prepared: &Prepared, visible: &Turn) -> Result<(), GatewayError> {
     if let Some(tail) = prepared.chain_tail {
         let value = chain(&tail, visible);
-        gateway
-            .engine
-            .run(move |engine| {
-                engine.remember_chain(&[value]);
-                Ok(())
-            })
-            .await?;
+        gateway.with_engine(move |engine| engine.remember_chain(&[value])).await?;
     }
     Ok(())
 }

@@ -105,7 +105,7 @@ pub async fn run(gateway: Arc<Gateway>, target: ReportTarget) {
         ticker.tick().await;
         let settings = gateway.live.get();
         let for_engine = Arc::clone(&settings);
-        let status = match gateway.engine.run(move |engine| engine.status(&for_engine)).await {
+        let status = match gateway.with_engine(move |engine| engine.status(&for_engine)).await {
             Ok(status) => status,
             Err(error) => {
                 tracing::warn!(%error, "computing the context status for the Agent report");

@@ -101,9 +101,10 @@ async fn healthz() -> &'static str {
 }
 
 async fn readyz(State(gateway): State<Arc<Gateway>>) -> Response {
-    match gateway.engine.run(|engine| Ok(engine.journal().is_poisoned())).await {
-        Ok(false) => "ready".into_response(),
-        Ok(true) | Err(_) => {
+    let poisoned = gateway.with_engine(|engine| Ok(engine.journal().is_poisoned())).await;
+    match poisoned {
+        Ok(false) if !gateway.durability.is_failed() => "ready".into_response(),
+        Ok(_) | Err(_) => {
             (StatusCode::SERVICE_UNAVAILABLE, "journal writer failed; restart the gateway").into_response()
         }
     }
@@ -113,8 +114,7 @@ async fn status(State(gateway): State<Arc<Gateway>>) -> Response {
     let settings = gateway.live.get();
     let for_engine = Arc::clone(&settings);
     let snapshot = gateway
-        .engine
-        .run(move |engine| {
+        .with_engine(move |engine| {
             let journal = engine.journal();
             Ok((
                 engine.status(&for_engine)?,
@@ -144,8 +144,7 @@ async fn status(State(gateway): State<Arc<Gateway>>) -> Response {
 
 async fn entries(State(gateway): State<Arc<Gateway>>) -> Response {
     let listing = gateway
-        .engine
-        .run(|engine| {
+        .with_engine(|engine| {
             Ok(json!({"generation": engine.journal().generation(), "entries": engine.entry_summaries()}))
         })
         .await;
@@ -163,7 +162,7 @@ async fn inspect(State(gateway): State<Arc<Gateway>>, request: Request) -> Respo
         .and_then(|value| value.parse().ok())
         .unwrap_or(DEFAULT_INSPECT_LIMIT);
     let requests = gateway.inspect.last(limit);
-    match gateway.engine.run(|engine| Ok(engine.decisions())).await {
+    match gateway.with_engine(|engine| Ok(engine.decisions())).await {
         Ok(decisions) => {
             json_response(StatusCode::OK, &json!({"requests": requests, "decisions": decisions}))
         }
@@ -180,7 +179,7 @@ async fn resume(State(gateway): State<Arc<Gateway>>, Path(id): Path<String>) -> 
         .into_response_for(api);
     };
     let settings = gateway.live.get();
-    if let Err(error) = gateway.engine.run(move |engine| engine.refresh(&settings, true)).await {
+    if let Err(error) = gateway.with_engine(move |engine| engine.refresh(&settings, true)).await {
         return GatewayError::from(error).into_response_for(pending.api);
     }
     match chat(Arc::clone(&gateway), pending.api, pending.headers, pending.body).await {

@@ -21,17 +21,16 @@ pub type ChainHash = [u8; 32];
 
 /// The transparent-session index could not be read or written.
 #[derive(Debug, thiserror::Error)]
-#[error("transparent-session index {path}: {source}")]
+#[error("transparent-session index {path}: {cause}")]
 pub struct IndexError {
     path: PathBuf,
-    source: std::io::Error,
+    cause: std::io::Error,
 }
 
 /// Known chain values, persisted one hex line each.
 #[derive(Debug)]
 pub struct TransparentIndex {
     known: HashSet<ChainHash>,
-    staged: Vec<ChainHash>,
     path: PathBuf,
 }
 
@@ -47,7 +46,7 @@ impl TransparentIndex {
     /// Loads the index at `path` (absent means empty). Lines that are not 64 hex digits are a torn
     /// final write and are ignored.
     pub fn load(path: &Path) -> Result<Self, IndexError> {
-        let error = |source| IndexError { path: path.to_owned(), source };
+        let error = |cause| IndexError { path: path.to_owned(), cause };
         let mut known = HashSet::new();
         match std::fs::read_to_string(path) {
             Ok(text) => {
@@ -58,10 +57,10 @@ impl TransparentIndex {
                     }
                 }
             }
-            Err(source) if source.kind() == std::io::ErrorKind::NotFound => {}
-            Err(source) => return Err(error(source)),
+            Err(cause) if cause.kind() == std::io::ErrorKind::NotFound => {}
+            Err(cause) => return Err(error(cause)),
         }
-        Ok(Self { known, staged: Vec::new(), path: path.to_owned() })
+        Ok(Self { known, path: path.to_owned() })
     }
 
     /// The chain values of `turns` and the index of the first turn that is not yet journaled.
@@ -79,31 +78,28 @@ impl TransparentIndex {
         (chains, first_new)
     }
 
-    /// Remembers `values` now; they reach the file at the next [`Self::flush`].
-    pub fn stage(&mut self, values: &[ChainHash]) {
+    /// Remembers `values` and appends them to the file (durable once the file is fsynced; see
+    /// [`Self::path`]). Returns whether anything was written.
+    pub fn remember(&mut self, values: &[ChainHash]) -> Result<bool, IndexError> {
+        let mut text = String::new();
         for value in values {
             if self.known.insert(*value) {
-                self.staged.push(*value);
+                text.push_str(&hex::encode(value));
+                text.push('\n');
             }
         }
-    }
-
-    /// Appends the staged values to the file and syncs it.
-    pub fn flush(&mut self) -> Result<(), IndexError> {
-        if self.staged.is_empty() {
-            return Ok(());
+        if text.is_empty() {
+            return Ok(false);
         }
-        let error = |source| IndexError { path: self.path.clone(), source };
-        let mut text = String::with_capacity(self.staged.len() * 65);
-        for value in &self.staged {
-            text.push_str(&hex::encode(value));
-            text.push('\n');
-        }
+        let error = |cause| IndexError { path: self.path.clone(), cause };
         let mut file =
             std::fs::OpenOptions::new().create(true).append(true).open(&self.path).map_err(error)?;
         file.write_all(text.as_bytes()).map_err(error)?;
-        file.sync_data().map_err(error)?;
-        self.staged.clear();
-        Ok(())
+        Ok(true)
+    }
+
+    /// The index file.
+    pub fn path(&self) -> &Path {
+        &self.path
     }
 }

@@ -18,8 +18,10 @@ const FORWARDED_HEADERS: [&str; 3] = ["anthropic-version", "anthropic-beta", "op
 
 /// A failure building the HTTP client.
 #[derive(Debug, thiserror::Error)]
-#[error("building the upstream HTTP client: {0}")]
-pub struct ClientError(#[from] reqwest::Error);
+#[error("building the upstream HTTP client: {reason}")]
+pub struct ClientError {
+    reason: String,
+}
 
 /// The upstream client, shared by all requests.
 #[derive(Debug, Clone)]
@@ -53,7 +55,8 @@ impl Upstream {
             .connect_timeout(Duration::from_secs(10))
             .read_timeout(read_timeout)
             .pool_max_idle_per_host(1024)
-            .build()?;
+            .build()
+            .map_err(|error| ClientError { reason: error.to_string() })?;
         Ok(Self { client })
     }
 
