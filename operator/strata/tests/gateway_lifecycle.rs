@@ -282,3 +282,44 @@ async fn old_large_tool_results_are_elided_and_stay_elided_after_a_restart() {
     gateway.post_json(CHAT, &user("After the restart."), &session).await;
     assert!(elided(&fake.last()), "the elision was lost in the restart");
 }
+
+#[tokio::test]
+async fn expired_heartbeats_leave_the_window_and_stay_out_after_a_restart() {
+    use strata_api::policy::{RetentionClass as Class, RetentionMatch, RetentionRule};
+    let fake = FakeUpstream::start().await;
+    let gateway = Harness::start(&fake, Provider::OpenAI, |config| {
+        config.policy.retention.rules = vec![RetentionRule {
+            name: "heartbeats".into(),
+            class: Class::Ephemeral,
+            matcher: RetentionMatch { content_regex: Some("^HEARTBEAT".into()), ..RetentionMatch::default() },
+            ttl_seconds: Some(1),
+        }];
+    })
+    .await;
+    let mut history = vec![json!({"role": "user", "content": "HEARTBEAT: check in."})];
+    let (_, answer) = gateway.post_json(CHAT, &json!({"messages": history}), &[]).await;
+    history.push(answer["choices"][0]["message"].clone());
+    // Past twice the TTL, the next turn's expiry batch is forced.
+    tokio::time::sleep(Duration::from_millis(2_300)).await;
+    history.push(json!({"role": "user", "content": "Now fix auth.py."}));
+    let (_, answer) = gateway.post_json(CHAT, &json!({"messages": history}), &[]).await;
+    history.push(answer["choices"][0]["message"].clone());
+    history.push(json!({"role": "user", "content": "And run the tests."}));
+    let (status, _) = gateway.post_json(CHAT, &json!({"messages": history.clone()}), &[]).await;
+    assert_eq!(status, 200);
+    let sent = fake.last().to_string();
+    assert!(!sent.contains("HEARTBEAT: check in."), "the expired heartbeat was sent: {sent}");
+    assert!(sent.contains("Now fix auth.py.") && sent.contains("And run the tests."), "{sent}");
+    let journaled = gateway.entries().await;
+    assert!(
+        journaled.iter().any(|e| e["retention"] == "ephemeral" || e["retention"] == "Ephemeral"),
+        "{journaled:?}"
+    );
+
+    let gateway = gateway.restart().await;
+    history.push(json!({"role": "assistant", "content": "ok"}));
+    history.push(json!({"role": "user", "content": "Status?"}));
+    let (status, _) = gateway.post_json(CHAT, &json!({"messages": history}), &[]).await;
+    assert_eq!(status, 200);
+    assert!(!fake.last().to_string().contains("HEARTBEAT: check in."), "expiry survives a restart");
+}

@@ -72,6 +72,21 @@ async fn a_turn_is_journaled_and_sent_as_a_compiled_packet() {
     assert_eq!(round["cacheOutcome"], "partial");
     assert!(round["sections"].as_array().unwrap().iter().any(|s| s["id"] == "tier1.tools"));
     assert!(inspect["decisions"].as_array().unwrap().iter().any(|d| d["reason"] == "telemetry"));
+    let lower: Vec<u64> = inspect["lowerBudgets"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|o| o["percentOfLimit"].as_u64().unwrap())
+        .collect();
+    assert_eq!(lower, [75, 50, 25], "the inspector simulates lower budgets");
+    assert!(
+        inspect["lowerBudgets"].as_array().unwrap().iter().all(|o| o["fits"] == true),
+        "a 2-entry packet fits"
+    );
+    // The read-only views are also on the metrics listener, for `kubectl strata inspect` via the pod proxy.
+    let on_metrics_port = format!("http://{}/strata/v1/inspect", gateway.gateway.metrics_address);
+    let proxied: Value = reqwest::get(on_metrics_port).await.unwrap().json().await.unwrap();
+    assert_eq!(proxied["lowerBudgets"], inspect["lowerBudgets"]);
     let metrics = gateway.metrics().await;
     assert!(
         metrics.contains(&format!("strata_gateway_prompt_tokens_total{{kind=\"cached\"}} {CACHED_TOKENS}")),

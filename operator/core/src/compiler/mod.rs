@@ -16,7 +16,7 @@ use serde::Serialize;
 pub use render::{id_tag, render_entry};
 
 use crate::budget::{BudgetError, BudgetPolicy, ContextBudget, ContextStatus};
-use crate::entry::{Entry, EntryId, EntryKind, Role, ToolCall};
+use crate::entry::{Entry, EntryId, EntryKind, RetentionClass, Role, ToolCall};
 use crate::prefix::{SectionClass, StablePrefix};
 use crate::tokens::TokenCounter;
 
@@ -77,6 +77,8 @@ pub struct RenderedEntry {
     pub reason: InclusionReason,
     /// Whether it is in the window (false once expired).
     pub included: bool,
+    /// Retention class of the journaled entry.
+    pub retention: RetentionClass,
 }
 
 /// Where a cache breakpoint goes.
@@ -123,6 +125,34 @@ pub struct Packet<'a> {
     pub breakpoints: Vec<Breakpoint>,
     /// Context status counted over all three tiers.
     pub status: ContextStatus,
+}
+
+/// What a lower context limit would have cost this packet (the Context Inspector's simulation, §17.16).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct LowerBudgetOutcome {
+    /// The simulated limit, in tokens.
+    pub limit: u64,
+    /// Percent of the real limit it is.
+    pub percent_of_limit: u8,
+    /// Tokens that would have to leave the window for the packet to fit.
+    pub tokens_over: u64,
+    /// Entries that would leave, in the order Strata would remove them.
+    pub removed: Vec<LowerBudgetRemoval>,
+    /// Whether the packet fits after those removals (Critical entries and Tier 1 never leave).
+    pub fits: bool,
+}
+
+/// One entry a lower budget would remove, and how.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct LowerBudgetRemoval {
+    /// The entry.
+    pub id: EntryId,
+    /// Its tokens.
+    pub tokens: u64,
+    /// `expire` (Ephemeral), `elide` (Reference) or `compact` (Working, oldest first).
+    pub action: &'static str,
 }
 
 /// Whether the compiler places cache breakpoints.
@@ -337,6 +367,52 @@ impl ContextCompiler {
             source_hash: String::new(),
         });
         decisions
+    }
+
+    /// For each fraction (percent of `limit`), which entries a lower limit would have removed from the
+    /// current packet: Ephemeral entries expire first, then Reference entries, then Working entries
+    /// are compacted oldest first; Critical entries and Tier 1 never leave (the simulation of §17.16).
+    pub fn simulate_lower_budgets(
+        &self,
+        limit: u64,
+        policy: BudgetPolicy,
+        percents: &[u8],
+    ) -> Vec<LowerBudgetOutcome> {
+        let reserved =
+            policy.reserved_completion_tokens + policy.protocol_overhead_tokens + policy.safety_margin_tokens;
+        let used = self.context_tokens() + render::TELEMETRY_TOKENS;
+        let included: Vec<&RenderedEntry> = self.rendered.iter().filter(|r| r.included).collect();
+        let order = [
+            (RetentionClass::Ephemeral, "expire"),
+            (RetentionClass::Reference, "elide"),
+            (RetentionClass::Working, "compact"),
+        ];
+        percents
+            .iter()
+            .map(|&percent| {
+                let lower = limit * u64::from(percent) / 100;
+                let room = lower.saturating_sub(reserved);
+                let tokens_over = used.saturating_sub(room);
+                let mut freed = 0u64;
+                let mut removed = Vec::new();
+                'classes: for (class, action) in order {
+                    for entry in included.iter().filter(|r| r.retention == class) {
+                        if freed >= tokens_over {
+                            break 'classes;
+                        }
+                        freed += entry.tokens;
+                        removed.push(LowerBudgetRemoval { id: entry.id, tokens: entry.tokens, action });
+                    }
+                }
+                LowerBudgetOutcome {
+                    limit: lower,
+                    percent_of_limit: percent,
+                    tokens_over,
+                    removed,
+                    fits: freed >= tokens_over,
+                }
+            })
+            .collect()
     }
 
     /// The class of every Tier-1 section, in order (for provider adapters).

@@ -40,6 +40,7 @@ pub fn render_entry(entry: &Entry, treatment: Option<&Treatment>, counter: &Toke
         source_hash: entry.content_hash.clone(),
         reason,
         included,
+        retention: entry.retention,
     }
 }
 

@@ -209,3 +209,32 @@ fn levels_follow_the_budget() {
     let packet = compiler.compile(limit, policy).unwrap();
     assert!(packet.telemetry.ends_with("| Level: HighRisk"), "{}", packet.telemetry);
 }
+
+#[test]
+fn a_lower_budget_removes_ephemeral_then_working_entries_and_never_critical() {
+    let counter = counter();
+    let mut entries = history(&counter, 12);
+    entries[0].retention = crate::entry::RetentionClass::Critical;
+    entries[4].retention = crate::entry::RetentionClass::Ephemeral;
+    let mut compiler = ContextCompiler::new(prefix(&counter), BreakpointPlacement::Auto);
+    compiler.sync(1, &entries, &counter);
+    let policy = BudgetPolicy {
+        reserved_completion_tokens: 0,
+        protocol_overhead_tokens: 0,
+        safety_margin_tokens: 0,
+        ..BudgetPolicy::default()
+    };
+    let used = compiler.context_tokens() + render::TELEMETRY_TOKENS;
+    let outcomes = compiler.simulate_lower_budgets(used, policy, &[100, 80, 1]);
+    assert_eq!(outcomes[0].tokens_over, 0);
+    assert!(outcomes[0].removed.is_empty() && outcomes[0].fits);
+    let eighty = &outcomes[1];
+    assert_eq!(eighty.removed[0].id, entries[4].id, "Ephemeral entries go first");
+    assert_eq!(eighty.removed[0].action, "expire");
+    assert!(eighty.removed[1..].iter().all(|r| r.action == "compact"));
+    assert!(eighty.fits);
+    assert!(eighty.removed.iter().map(|r| r.tokens).sum::<u64>() >= eighty.tokens_over);
+    let tiny = &outcomes[2];
+    assert!(!tiny.fits, "Tier 1 and the Critical entry cannot leave");
+    assert!(tiny.removed.iter().all(|r| r.id != entries[0].id));
+}

@@ -20,6 +20,7 @@ use strata_core::economics::CachePricing;
 use strata_core::entry::{Content, Entry, EntryDraft, EntryId, EntryKind, RetentionClass, Role, ToolResult};
 use strata_core::journal::{Journal, JournalError, JournalOptions, StdStorage, Storage, SyncPolicy};
 use strata_core::prefix::{PrefixError, StablePrefix, StablePrefixSources, ToolOrderError, ToolRegistry};
+use strata_core::retention::{ExpiryPolicy, plan_expiry};
 use strata_core::tokens::{Calibration, TokenCounter, TokenizerError};
 use strata_core::tool_output::{ElisionPolicy, ToolOutputError, elide_entry, plan_elision, spill};
 
@@ -169,6 +170,9 @@ pub struct EntrySummary {
     pub content_hash: String,
 }
 
+/// The lower limits the inspector simulates, in percent of the real limit.
+pub const LOWER_BUDGET_PERCENTS: &[u8] = &[75, 50, 25];
+
 /// The agent's context.
 pub struct Engine {
     journal: Journal,
@@ -188,6 +192,7 @@ pub struct Engine {
     assembly: Assembly,
     tier2_epoch: u64,
     elided: HashSet<EntryId>,
+    expired: HashSet<EntryId>,
     pending_churn: ChurnCause,
     last_refresh: Instant,
     appended_seq: u64,
@@ -268,6 +273,8 @@ impl Engine {
         let transparent = TransparentIndex::load(&state_dir.join("transparent-prefixes"))?;
         let elided: Option<HashSet<EntryId>> = read_state(&state_dir.join("elided.json"))?;
         let elided = elided.unwrap_or_default();
+        let expired: Option<HashSet<EntryId>> = read_state(&state_dir.join("expired.json"))?;
+        let expired = expired.unwrap_or_default();
         let api = match settings.provider() {
             strata_api::agent::Provider::Anthropic => Api::Anthropic,
             _ => Api::OpenAi,
@@ -292,6 +299,7 @@ impl Engine {
             assembly: Assembly::default(),
             tier2_epoch: 0,
             elided,
+            expired,
             pending_churn: ChurnCause::Cold,
             last_refresh: Instant::now(),
             appended_seq: 0,
@@ -417,19 +425,67 @@ impl Engine {
         Treatment::Replace { text, reason: InclusionReason::Elided }
     }
 
-    /// Re-applies persisted elisions after the window was rebuilt from scratch (e.g. at start).
+    /// Re-applies persisted elisions and expirations after the window was rebuilt from scratch (e.g. at start).
     fn reapply_elisions(&mut self, settings: &Settings) -> Result<(), EngineError> {
-        if self.elided.is_empty() {
+        if self.elided.is_empty() && self.expired.is_empty() {
             return Ok(());
         }
         let policy = Self::elision_policy(settings);
         let mut batch = BTreeMap::new();
-        for entry in self.journal.entries().iter().filter(|entry| self.elided.contains(&entry.id)) {
+        for entry in self.journal.entries().iter().filter(|entry| self.expired.contains(&entry.id)) {
+            batch.insert(entry.id, Treatment::Omit);
+        }
+        for entry in self
+            .journal
+            .entries()
+            .iter()
+            .filter(|entry| self.elided.contains(&entry.id) && !self.expired.contains(&entry.id))
+        {
             let (content, _) = elide_entry(entry, &policy, &self.store, &settings.tenant)?;
             batch.insert(entry.id, Self::elision_treatment(&content));
         }
         self.compiler.apply_treatments(batch, self.journal.entries(), &self.counter)?;
         Ok(())
+    }
+
+    /// Removes Ephemeral entries whose retention TTL has passed, in cache-aware batches (an entry
+    /// overdue by twice its TTL forces a batch). Returns the tokens removed per later call.
+    pub fn expire_ephemeral(&mut self, settings: &Settings, now_ms: u64) -> Result<u64, EngineError> {
+        let pricing = match settings.provider() {
+            strata_api::agent::Provider::Anthropic => CachePricing::ANTHROPIC,
+            _ => CachePricing::OPENAI,
+        };
+        let entries = self.journal.entries();
+        let ttl_of = |entry: &Entry| {
+            if entry.retention != RetentionClass::Ephemeral {
+                return None;
+            }
+            let tool_name = entry.content.tool_results.first().and_then(|r| r.name.as_deref());
+            let text =
+                entry.content.tool_results.first().map_or(entry.content.text.as_str(), |r| r.output.as_str());
+            settings.classifier.classify(entry.role, text, tool_name).1
+        };
+        let Some(planned) = plan_expiry(
+            entries,
+            now_ms,
+            &self.expired,
+            ttl_of,
+            &ExpiryPolicy::default(),
+            REMAINING_CALLS_ESTIMATE,
+            pricing,
+        ) else {
+            return Ok(0);
+        };
+        let batch: BTreeMap<EntryId, Treatment> =
+            planned.ids.iter().map(|id| (*id, Treatment::Omit)).collect();
+        self.expired.extend(batch.keys().copied());
+        self.compiler.apply_treatments(batch, entries, &self.counter)?;
+        self.tier2_epoch += 1;
+        if self.pending_churn == ChurnCause::None {
+            self.pending_churn = ChurnCause::HistoryRewrite;
+        }
+        write_state(&self.state_dir.join("expired.json"), &Some(&self.expired))?;
+        Ok(planned.saved_tokens)
     }
 
     /// Elides old large tool results when the batch pays for the cache rewrite (seed 002 #5).
@@ -819,7 +875,12 @@ impl Engine {
             .collect()
     }
 
-    /// Every inclusion decision (Tier 1 to Tier 3).
+    /// What the current packet would lose under lower limits (75%, 50% and 25% of the real one).
+    pub fn lower_budgets(&self, settings: &Settings) -> Vec<strata_core::compiler::LowerBudgetOutcome> {
+        self.compiler.simulate_lower_budgets(settings.limit, settings.budget, LOWER_BUDGET_PERCENTS)
+    }
+
+    /// Every inclusion decision of the current packet, Tier 1 to Tier 3.
     pub fn decisions(&self) -> Vec<InclusionDecision> {
         self.compiler.decisions()
     }

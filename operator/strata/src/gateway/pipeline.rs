@@ -339,6 +339,7 @@ async fn record_round(
             if let Some(usage) = usage {
                 engine.observe_usage(estimated, usage.prompt_tokens)?;
             }
+            engine.expire_ephemeral(&settings, super::engine::now_ms())?;
             let mut effects = MemoryEffects {
                 elided_tokens: engine.elide_old_results(&settings)?,
                 ..MemoryEffects::default()

@@ -33,9 +33,15 @@ pub fn router(gateway: Arc<Gateway>) -> Router {
         .with_state(gateway)
 }
 
-/// The metrics router.
+/// The metrics router. It also serves the read-only status and inspect views, so that
+/// `kubectl strata inspect` can reach them through the apiserver's pod proxy (the API listener is
+/// loopback-only); neither shows message content.
 pub fn metrics_router(gateway: Arc<Gateway>) -> Router {
-    Router::new().route("/metrics", get(metrics)).with_state(gateway)
+    Router::new()
+        .route("/metrics", get(metrics))
+        .route("/strata/v1/status", get(status))
+        .route("/strata/v1/inspect", get(inspect))
+        .with_state(gateway)
 }
 
 async fn read_body(
@@ -162,10 +168,12 @@ async fn inspect(State(gateway): State<Arc<Gateway>>, request: Request) -> Respo
         .and_then(|value| value.parse().ok())
         .unwrap_or(DEFAULT_INSPECT_LIMIT);
     let requests = gateway.inspect.last(limit);
-    match gateway.with_engine(|engine| Ok(engine.decisions())).await {
-        Ok(decisions) => {
-            json_response(StatusCode::OK, &json!({"requests": requests, "decisions": decisions}))
-        }
+    let settings = gateway.live.get();
+    match gateway.with_engine(move |engine| Ok((engine.decisions(), engine.lower_budgets(&settings)))).await {
+        Ok((decisions, lower_budgets)) => json_response(
+            StatusCode::OK,
+            &json!({"requests": requests, "decisions": decisions, "lowerBudgets": lower_budgets}),
+        ),
         Err(error) => GatewayError::from(error).into_response_for(provider_api(&gateway)),
     }
 }
