@@ -323,3 +323,31 @@ async fn expired_heartbeats_leave_the_window_and_stay_out_after_a_restart() {
     assert_eq!(status, 200);
     assert!(!fake.last().to_string().contains("HEARTBEAT: check in."), "expiry survives a restart");
 }
+
+#[tokio::test]
+async fn the_user_can_trigger_a_compaction_over_http() {
+    let fake = FakeUpstream::start().await;
+    let gateway = Harness::start(&fake, Provider::OpenAI, |_| {}).await;
+    let mut history = Vec::new();
+    for turn in 0..7 {
+        history.push(json!({"role": "user", "content": format!("Step {turn}: decided to keep the API stable; TODO check step {turn}.")}));
+        let (_, answer) = gateway.post_json(CHAT, &json!({"messages": history}), &[]).await;
+        history.push(answer["choices"][0]["message"].clone());
+    }
+    let before = gateway.get_json("/strata/v1/status").await;
+    let (status, record) = gateway
+        .post_json("/strata/v1/compact", &json!({"resumeInstruction": "Continue with step 7."}), &[])
+        .await;
+    assert_eq!(status, 200, "{record}");
+    assert!(record["compactionId"].as_str().unwrap().starts_with("cmp:"), "{record}");
+    assert_eq!(record["qualityCheck"], "Passed");
+    assert!(record["resultGeneration"].as_u64() > record["sourceGeneration"].as_u64(), "{record}");
+    let after = gateway.get_json("/strata/v1/status").await;
+    assert!(after["generation"].as_u64() > before["generation"].as_u64());
+    let entries = gateway.entries().await;
+    assert!(entries.iter().any(|e| e["id"].as_str().unwrap().starts_with("summary_")), "{entries:?}");
+
+    let (status, error) = gateway.post_json("/strata/v1/compact", &json!({"mode": "Rollback"}), &[]).await;
+    assert_eq!(status, 400, "{error}");
+    assert!(error.to_string().contains("run as CompactionJobs"), "{error}");
+}

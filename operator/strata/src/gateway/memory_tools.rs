@@ -5,8 +5,8 @@
 use serde_json::Value;
 use strata_api::agent::Provider;
 use strata_core::compaction::{
-    CompactionError, CompactionMode, CompactionRequest, CompactionSettings, QualityCheck, compact_extractive,
-    write_record,
+    CompactionError, CompactionMode, CompactionRecord, CompactionRequest, CompactionSettings, QualityCheck,
+    compact_extractive, write_record,
 };
 use strata_core::economics::CachePricing;
 use strata_core::entry::{EntryId, ToolCall};
@@ -148,15 +148,20 @@ fn compaction_settings(settings: &Settings) -> CompactionSettings {
     }
 }
 
-fn compact(engine: &mut Engine, settings: &Settings, arguments: &str) -> Result<MemoryOutcome, EngineError> {
-    let instruction = serde_json::from_str::<Value>(arguments)
-        .ok()
-        .and_then(|value| value.get("resume_instruction").and_then(Value::as_str).map(str::to_owned))
-        .filter(|text| !text.trim().is_empty());
+/// Compacts the agent's context in-process, under the same preservation check and record as
+/// `strata compact`; the record is written beside the journal. A compaction that cannot run
+/// (e.g. an empty journal) is returned as `Ok(Err(..))`; journal failures are engine errors.
+pub fn compact_in_process(
+    engine: &mut Engine,
+    settings: &Settings,
+    mode: CompactionMode,
+    reason: String,
+    resume_instruction: Option<String>,
+) -> Result<Result<CompactionRecord, CompactionError>, EngineError> {
     let request = CompactionRequest {
-        mode: CompactionMode::TaskBoundary,
-        reason: Some("requested by the model through strata_compact_context".into()),
-        resume_instruction: instruction,
+        mode,
+        reason: Some(reason),
+        resume_instruction: resume_instruction.filter(|text| !text.trim().is_empty()),
         settings: compaction_settings(settings),
         now_ms: now_ms(),
     };
@@ -164,21 +169,34 @@ fn compact(engine: &mut Engine, settings: &Settings, arguments: &str) -> Result<
     let record = match compact_extractive(journal, store, &settings.tenant, request, counter) {
         Ok(record) => record,
         Err(CompactionError::Journal(error)) => return Err(EngineError::Journal(error)),
-        Err(error) => {
-            return Ok(MemoryOutcome {
-                output: format!("strata_compact_context failed: {error}"),
-                purged: false,
-                compacted: false,
-            });
-        }
+        Err(error) => return Ok(Err(error)),
     };
     if let Err(error) = write_record(&StdStorage, journal.dir(), &record) {
         tracing::warn!(%error, "writing the compaction record");
     }
-    let compacted = record.result_generation != record.source_generation;
-    if compacted {
+    if record.result_generation != record.source_generation {
         engine.after_rewrite()?;
     }
+    Ok(Ok(record))
+}
+
+fn compact(engine: &mut Engine, settings: &Settings, arguments: &str) -> Result<MemoryOutcome, EngineError> {
+    let instruction = serde_json::from_str::<Value>(arguments)
+        .ok()
+        .and_then(|value| value.get("resume_instruction").and_then(Value::as_str).map(str::to_owned));
+    let reason = "requested by the model through strata_compact_context".to_owned();
+    let record =
+        match compact_in_process(engine, settings, CompactionMode::TaskBoundary, reason, instruction)? {
+            Ok(record) => record,
+            Err(error) => {
+                return Ok(MemoryOutcome {
+                    output: format!("strata_compact_context failed: {error}"),
+                    purged: false,
+                    compacted: false,
+                });
+            }
+        };
+    let compacted = record.result_generation != record.source_generation;
     let output = match (record.quality_check, compacted) {
         (QualityCheck::Passed, true) => format!(
             "Compacted generation {} into {}: {} tokens before, {} after. Your history is now the compacted \

@@ -30,6 +30,7 @@ pub fn router(gateway: Arc<Gateway>) -> Router {
         .route("/strata/v1/entries", get(entries))
         .route("/strata/v1/inspect", get(inspect))
         .route("/strata/v1/operations/{id}/resume", post(resume))
+        .route("/strata/v1/compact", post(compact))
         .with_state(gateway)
 }
 
@@ -202,4 +203,76 @@ async fn metrics(State(gateway): State<Arc<Gateway>>) -> Response {
         .headers_mut()
         .insert(header::CONTENT_TYPE, HeaderValue::from_static("text/plain; version=0.0.4"));
     response
+}
+
+/// `POST /strata/v1/compact` body: the user's trigger, e.g. from a UI.
+#[derive(Debug, Default, serde::Deserialize)]
+#[serde(rename_all = "camelCase", default, deny_unknown_fields)]
+struct CompactRequest {
+    /// TaskBoundary (default), Budget or Emergency.
+    mode: Option<String>,
+    /// How the agent resumes.
+    resume_instruction: Option<String>,
+    /// Why (recorded).
+    reason: Option<String>,
+}
+
+async fn compact(State(gateway): State<Arc<Gateway>>, request: Request) -> Response {
+    let api = provider_api(&gateway);
+    let (_, body) = match read_body(&gateway, request).await {
+        Ok(read) => read,
+        Err(error) => return error.into_response_for(api),
+    };
+    let parsed: CompactRequest = if body.is_empty() {
+        CompactRequest::default()
+    } else {
+        match serde_json::from_slice(&body) {
+            Ok(parsed) => parsed,
+            Err(error) => {
+                return GatewayError::BadRequest(format!(
+                    "compact request: {error}; send {{\"mode\": \"TaskBoundary\", \"resumeInstruction\": \"...\"}}"
+                ))
+                .into_response_for(api);
+            }
+        }
+    };
+    let mode = match parsed.mode.as_deref().unwrap_or("TaskBoundary") {
+        "TaskBoundary" => strata_core::compaction::CompactionMode::TaskBoundary,
+        "Budget" => strata_core::compaction::CompactionMode::Budget,
+        "Emergency" => strata_core::compaction::CompactionMode::Emergency,
+        other => {
+            return GatewayError::BadRequest(format!(
+                "compact request: mode {other:?} is not TaskBoundary, Budget or Emergency (rollback and purge run as CompactionJobs)"
+            ))
+            .into_response_for(api);
+        }
+    };
+    let reason = parsed.reason.unwrap_or_else(|| "requested through POST /strata/v1/compact".into());
+    let settings = gateway.live.get();
+    let outcome = gateway
+        .with_engine(move |engine| {
+            super::memory_tools::compact_in_process(
+                engine,
+                &settings,
+                mode,
+                reason,
+                parsed.resume_instruction,
+            )
+        })
+        .await;
+    match outcome {
+        Ok(Ok(record)) => {
+            let status = if record.quality_check == strata_core::compaction::QualityCheck::Passed {
+                StatusCode::OK
+            } else {
+                StatusCode::UNPROCESSABLE_ENTITY
+            };
+            json_response(status, &serde_json::to_value(&record).unwrap_or_default())
+        }
+        Ok(Err(error)) => json_response(
+            StatusCode::CONFLICT,
+            &json!({"error": {"type": "compaction_failed", "message": error.to_string()}}),
+        ),
+        Err(error) => GatewayError::from(error).into_response_for(api),
+    }
 }
