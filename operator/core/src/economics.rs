@@ -87,6 +87,25 @@ impl RemovalEconomics {
     pub fn pays(&self) -> bool {
         self.expected_saving > self.rewrite_cost
     }
+
+    /// Whether it pays, and saves at least `ratio` times what the rewrite costs.
+    pub fn pays_by(&self, ratio: f64) -> bool {
+        self.pays() && self.expected_saving >= ratio * self.rewrite_cost
+    }
+
+    /// A batch that removes `saved` tokens from `entries`, the earliest change at `first_changed`:
+    /// everything from there on that stays is rewritten.
+    pub fn for_batch(
+        entries: &[crate::entry::Entry],
+        first_changed: usize,
+        saved: u64,
+        remaining_calls: u64,
+        pricing: CachePricing,
+    ) -> Self {
+        let tail: u64 =
+            entries.get(first_changed..).unwrap_or_default().iter().map(|entry| entry.tokens).sum();
+        Self::evaluate(saved, tail.saturating_sub(saved), remaining_calls, pricing)
+    }
 }
 
 #[cfg(test)]

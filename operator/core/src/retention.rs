@@ -238,14 +238,14 @@ pub fn plan_expiry(
         ids.push(entry.id);
     }
     let first_changed_index = first_changed_index?;
-    let tail: u64 = entries[first_changed_index..].iter().map(|entry| entry.tokens).sum();
-    let economics = RemovalEconomics::evaluate(
+    let economics = RemovalEconomics::for_batch(
+        entries,
+        first_changed_index,
         saved_tokens,
-        tail.saturating_sub(saved_tokens),
         remaining_calls_estimate,
         pricing,
     );
-    let pays = economics.pays() && economics.expected_saving >= policy.payback_ratio * economics.rewrite_cost;
+    let pays = economics.pays_by(policy.payback_ratio);
     (pays || overdue).then_some(ExpiryBatch {
         ids,
         saved_tokens,

@@ -131,15 +131,19 @@ pub fn plan_elision(
         ids.push(entry.id);
     }
     let first_changed_index = first_changed_index?;
-    let tail: u64 = entries[first_changed_index..].iter().map(|entry| entry.tokens).sum();
-    let economics = RemovalEconomics::evaluate(
+    let economics = RemovalEconomics::for_batch(
+        entries,
+        first_changed_index,
         saved_tokens,
-        tail.saturating_sub(saved_tokens),
         remaining_calls_estimate,
         pricing,
     );
-    (economics.pays() && economics.expected_saving >= policy.payback_ratio * economics.rewrite_cost)
-        .then_some(ElisionBatch { ids, saved_tokens, first_changed_index, economics })
+    economics.pays_by(policy.payback_ratio).then_some(ElisionBatch {
+        ids,
+        saved_tokens,
+        first_changed_index,
+        economics,
+    })
 }
 
 /// Tokens eliding `entry` would save: each elidable output's share of the entry's tokens (by

@@ -76,10 +76,8 @@ fn user_turns(index: usize, content: &Value, turns: &mut Vec<Turn>) -> Result<()
     Ok(())
 }
 
-fn assistant_turn(index: usize, content: &Value) -> Result<Turn, GatewayError> {
-    let Value::Array(blocks) = content else {
-        return Ok(Turn { role: Role::Assistant, content: Content::text(block_text(index, content)?) });
-    };
+/// The text blocks and `tool_use` blocks of an Anthropic content array, in order.
+fn texts_and_tool_uses(blocks: &[Value]) -> (Vec<&str>, Vec<ToolCall>) {
     let mut texts = Vec::new();
     let mut tool_calls = Vec::new();
     for block in blocks {
@@ -93,6 +91,14 @@ fn assistant_turn(index: usize, content: &Value) -> Result<Turn, GatewayError> {
             _ => {}
         }
     }
+    (texts, tool_calls)
+}
+
+fn assistant_turn(index: usize, content: &Value) -> Result<Turn, GatewayError> {
+    let Value::Array(blocks) = content else {
+        return Ok(Turn { role: Role::Assistant, content: Content::text(block_text(index, content)?) });
+    };
+    let (texts, tool_calls) = texts_and_tool_uses(blocks);
     Ok(Turn {
         role: Role::Assistant,
         content: Content { text: join_texts(texts), tool_calls, tool_results: Vec::new() },
@@ -164,19 +170,7 @@ pub fn parse_response(value: Value) -> Result<AssistantOutput, GatewayError> {
         .get("content")
         .and_then(Value::as_array)
         .ok_or_else(|| GatewayError::UpstreamProtocol("message without content".into()))?;
-    let mut texts = Vec::new();
-    let mut tool_calls = Vec::new();
-    for block in blocks {
-        match block.get("type").and_then(Value::as_str) {
-            Some("text") => texts.push(block.get("text").and_then(Value::as_str).unwrap_or_default()),
-            Some("tool_use") => tool_calls.push(ToolCall {
-                call_id: block.get("id").and_then(Value::as_str).unwrap_or_default().to_owned(),
-                name: block.get("name").and_then(Value::as_str).unwrap_or_default().to_owned(),
-                arguments_json: block.get("input").cloned().unwrap_or_else(|| json!({})).to_string(),
-            }),
-            _ => {}
-        }
-    }
+    let (texts, tool_calls) = texts_and_tool_uses(blocks);
     let text = join_texts(texts);
     Ok(AssistantOutput {
         id: value.get("id").and_then(Value::as_str).unwrap_or_default().to_owned(),
