@@ -3,6 +3,7 @@
 pub mod compact;
 pub mod controller;
 pub mod crdgen;
+pub mod engine_policy;
 pub mod gateway;
 pub mod plugin;
 pub mod replay;

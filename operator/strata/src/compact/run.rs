@@ -5,13 +5,12 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use strata_api::agent::Tokenizer;
 use strata_api::gateway_config::GatewayConfig;
 use strata_core::artifacts::{ArtifactStore, validate_tenant};
 use strata_core::compaction::{
     CompactedState, CompactionError, CompactionMode, CompactionRecord, CompactionRequest, CompactionSettings,
     Conclusion, EXTRACTIVE_VERSION, ExtractiveSummarizer, PreparedCompaction, PurgeJob, ReadyCompaction,
-    StateField, Summarizer, prepare_purge, rollback, write_record,
+    Summarizer, prepare_purge, rollback, write_record,
 };
 use strata_core::entry::EntryId;
 use strata_core::journal::{
@@ -230,19 +229,11 @@ fn resolve(args: &CompactArgs) -> Result<Plan, CompactFailure> {
     let mut model = None;
     if let Some(config) = &config {
         let compaction = &config.policy.compaction;
-        settings.keep_recent_entries = compaction.keep_recent_entries as usize;
-        settings.max_summary_tokens = u64::from(compaction.summarizer.max_summary_tokens);
-        settings.required_fields = serde_json::to_value(&compaction.required_fields)
-            .and_then(serde_json::from_value::<Vec<StateField>>)
+        settings = crate::engine_policy::compaction_settings(compaction, &config.agent.privacy_scope)
             .map_err(|error| CompactFailure::Usage(format!("--config: requiredFields: {error}")))?;
-        settings.privacy_scope = config.agent.privacy_scope.clone();
         retain_generations = compaction.retain_generations as usize;
         tenant = config.agent.namespace.clone();
-        tokenizer = match config.upstream.tokenizer {
-            Tokenizer::O200kBase => TokenizerKind::O200kBase,
-            Tokenizer::Cl100kBase => TokenizerKind::Cl100kBase,
-            Tokenizer::Approximate => TokenizerKind::Approximate,
-        };
+        tokenizer = crate::engine_policy::tokenizer_kind(config.upstream.tokenizer);
         model = compaction.summarizer.model.clone();
     }
     if let Some(keep) = args.keep_recent {

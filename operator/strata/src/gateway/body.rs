@@ -24,6 +24,20 @@ pub struct ChunkedBody {
 }
 
 impl ChunkedBody {
+    /// A body that opens the JSON object with `head`'s fields, ready for more fields: `{"model":…,`
+    /// (or just `{` when `head` is empty).
+    pub fn open_object(head: serde_json::Map<String, serde_json::Value>) -> Self {
+        let has_fields = !head.is_empty();
+        let mut text = serde_json::Value::Object(head).to_string();
+        text.pop();
+        let mut body = ChunkedBody::default();
+        body.put(text.as_bytes());
+        if has_fields {
+            body.put(b",");
+        }
+        body
+    }
+
     fn flush(&mut self) {
         if !self.pending.is_empty() {
             self.chunks.push(Bytes::from(std::mem::take(&mut self.pending)));

@@ -5,13 +5,15 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, RwLock};
 use std::time::{Duration, SystemTime};
 
-use strata_api::agent::{Provider, Tokenizer};
+use strata_api::agent::Provider;
 use strata_api::gateway_config::{GatewayConfig, GatewayConfigError};
 use strata_api::policy::BreakpointMode;
 use strata_core::budget::{BudgetError, BudgetPolicy};
+
+use crate::engine_policy;
 use strata_core::compiler::BreakpointPlacement;
 use strata_core::redaction::{PatternError, Redactor};
-use strata_core::retention::{Classifier, RetentionRule, RetentionRuleError};
+use strata_core::retention::{Classifier, RetentionRuleError};
 use strata_core::tokens::TokenizerKind;
 use strata_core::tool_output::SpillPolicy;
 
@@ -123,26 +125,13 @@ impl Settings {
     /// Derives the settings from a parsed config (reading the API key file).
     pub fn from_config(config: GatewayConfig, path: &Path) -> Result<Self, ConfigError> {
         let policy = &config.policy;
-        let budget = BudgetPolicy {
-            warning_percent: policy.budget.warning_percent,
-            high_risk_percent: policy.budget.high_risk_percent,
-            critical_percent: policy.budget.critical_percent,
-            reserved_completion_tokens: u64::from(policy.budget.reserved_completion_tokens),
-            protocol_overhead_tokens: u64::from(policy.budget.protocol_overhead_tokens),
-            safety_margin_tokens: u64::from(policy.budget.safety_margin_tokens),
-        };
+        let budget = engine_policy::budget_policy(&policy.budget);
         let limit = u64::from(config.upstream.context_window);
         budget.validate(limit).map_err(|cause| ConfigError::Budget { path: path.to_owned(), cause })?;
-        let spill = SpillPolicy {
-            max_result_chars: policy.tool_results.max_result_chars as usize,
-            preview_chars: policy.tool_results.preview_chars as usize,
-            preview_lines: policy.tool_results.preview_lines as usize,
-        };
+        let spill = engine_policy::spill_policy(&policy.tool_results);
         let redactor = Redactor::new(policy.redaction.enabled, &policy.redaction.extra_patterns)
             .map_err(|cause| ConfigError::Redaction { path: path.to_owned(), cause })?;
-        let rules_json = serde_json::to_value(&policy.retention.rules)
-            .map_err(|cause| ConfigError::RetentionShape { path: path.to_owned(), cause })?;
-        let rules: Vec<RetentionRule> = serde_json::from_value(rules_json)
+        let rules = engine_policy::retention_rules(&policy.retention)
             .map_err(|cause| ConfigError::RetentionShape { path: path.to_owned(), cause })?;
         let classifier = Classifier::new(rules)
             .map_err(|cause| ConfigError::Retention { path: path.to_owned(), cause })?;
@@ -183,11 +172,7 @@ impl Settings {
 
     /// The tokenizer of the upstream model.
     pub fn tokenizer(&self) -> TokenizerKind {
-        match self.config.upstream.tokenizer {
-            Tokenizer::O200kBase => TokenizerKind::O200kBase,
-            Tokenizer::Cl100kBase => TokenizerKind::Cl100kBase,
-            Tokenizer::Approximate => TokenizerKind::Approximate,
-        }
+        engine_policy::tokenizer_kind(self.config.upstream.tokenizer)
     }
 
     /// The upstream provider.

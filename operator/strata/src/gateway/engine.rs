@@ -405,13 +405,7 @@ impl Engine {
     }
 
     fn elision_policy(settings: &Settings) -> ElisionPolicy {
-        let configured = &settings.config.policy.tool_results;
-        ElisionPolicy {
-            elide_after_rounds: configured.elide_after_rounds as usize,
-            elide_over_chars: configured.elide_over_chars as usize,
-            elide_keep_chars: configured.elide_keep_chars as usize,
-            ..ElisionPolicy::default()
-        }
+        crate::engine_policy::elision_policy(&settings.config.policy.tool_results)
     }
 
     fn elision_treatment(content: &Content) -> Treatment {

@@ -135,17 +135,11 @@ pub fn execute(
 
 fn compaction_settings(settings: &Settings) -> CompactionSettings {
     let policy = &settings.config.policy.compaction;
-    let defaults = CompactionSettings::default();
-    let required_fields = serde_json::to_value(&policy.required_fields)
-        .ok()
-        .and_then(|fields| serde_json::from_value(fields).ok())
-        .unwrap_or(defaults.required_fields);
-    CompactionSettings {
-        keep_recent_entries: policy.keep_recent_entries as usize,
-        required_fields,
-        privacy_scope: settings.config.agent.privacy_scope.clone(),
-        max_summary_tokens: u64::from(policy.summarizer.max_summary_tokens),
-    }
+    let privacy_scope = &settings.config.agent.privacy_scope;
+    crate::engine_policy::compaction_settings(policy, privacy_scope).unwrap_or_else(|_| CompactionSettings {
+        privacy_scope: privacy_scope.clone(),
+        ..CompactionSettings::default()
+    })
 }
 
 /// Compacts the agent's context in-process, under the same preservation check and record as

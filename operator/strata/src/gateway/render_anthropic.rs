@@ -138,14 +138,7 @@ pub fn body(
         assembly.side = side;
         assembly.advance(index);
     }
-    let mut out = ChunkedBody::default();
-    let mut head = Value::Object(head).to_string();
-    head.pop();
-    let has_fields = head.len() > 1;
-    out.put(head.as_bytes());
-    if has_fields {
-        out.put(b",");
-    }
+    let mut out = ChunkedBody::open_object(head);
     let system_has_text = !tier1.system_text.is_empty();
     if system_has_text {
         out.put(b"\"system\":");

@@ -85,14 +85,7 @@ pub fn body(
         index += 1;
         assembly.advance(index);
     }
-    let mut out = ChunkedBody::default();
-    let mut head = Value::Object(head).to_string();
-    head.pop();
-    let has_fields = head.len() > 1;
-    out.put(head.as_bytes());
-    if has_fields {
-        out.put(b",");
-    }
+    let mut out = ChunkedBody::open_object(head);
     if !tier1.tools.is_empty() {
         out.put(b"\"tools\":");
         out.put_shared(&tier1.tools_json);

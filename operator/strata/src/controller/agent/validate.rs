@@ -4,7 +4,7 @@
 use std::sync::Arc;
 
 use strata_api::Agent;
-use strata_api::agent::{Provider, Tokenizer};
+use strata_api::agent::Provider;
 use strata_api::effective::{PolicyInputs, Resolution, resolve};
 use strata_api::status::{CONDITION_POLICY_RESOLVED, CONDITION_REFERENCES_RESOLVED};
 use strata_core::cache_key::{CacheKey, CacheKeyInputs, MasterKey, compute_cache_key, derive_tenant_key};
@@ -71,14 +71,7 @@ pub enum Validation {
     Invalid(Vec<Problem>),
 }
 
-/// The core tokenizer matching the API's.
-pub fn tokenizer_kind(tokenizer: Tokenizer) -> TokenizerKind {
-    match tokenizer {
-        Tokenizer::O200kBase => TokenizerKind::O200kBase,
-        Tokenizer::Cl100kBase => TokenizerKind::Cl100kBase,
-        Tokenizer::Approximate => TokenizerKind::Approximate,
-    }
-}
+pub use crate::engine_policy::tokenizer_kind;
 
 /// The provider's name in cache identities.
 pub fn provider_id(provider: Provider) -> &'static str {
