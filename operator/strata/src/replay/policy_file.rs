@@ -36,6 +36,7 @@ pub fn apply(path: &Path, context_window: u64, options: &mut ReplayOptions) -> a
     strata.elision = engine_policy::elision_policy(&effective.tool_results);
     strata.retention_rules = engine_policy::retention_rules(&effective.retention)
         .context("reading the policy's retention rules")?;
+    strata.automatic_compaction = effective.compaction.automatic;
     strata.compaction_trigger_percent = effective.compaction.trigger_percent;
     strata.compaction.keep_recent_entries = effective.compaction.keep_recent_entries as usize;
     strata.compaction.max_summary_tokens = u64::from(effective.compaction.summarizer.max_summary_tokens);
