@@ -6,6 +6,7 @@
 pub mod formats;
 pub mod policies;
 pub mod pricing;
+pub mod readback;
 pub mod simulate;
 pub mod synthetic;
 

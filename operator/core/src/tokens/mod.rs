@@ -9,8 +9,11 @@
 //!   tokenizers than a characters-per-token rule), multiplied by a per-agent [`Calibration`] ratio
 //!   learned from provider-reported `input_tokens`.
 //!
-//! The BPE ranks ship inside `tiktoken-rs`; each encoding is parsed once, lazily, behind a
-//! [`std::sync::OnceLock`]. A parse failure is reported as [`TokenizerError::Load`] on every call.
+//! The BPE ranks ship inside the `tiktoken` crate, which builds each encoding once, lazily, on first
+//! use. Its counts agree exactly with `tiktoken-rs` (OpenAI's reference port) on every text of the
+//! corpora, and it is several times faster and needs half the memory (BENCHMARKS.md, "Choosing the
+//! BPE implementation"). An encoding the build does not carry is reported as
+//! [`TokenizerError::Load`].
 
 mod calibration;
 
@@ -18,10 +21,8 @@ pub use calibration::{
     Calibration, DEFAULT_APPROXIMATE_RATIO, EWMA_WEIGHT, MAX_CALIBRATION_RATIO, MIN_CALIBRATION_RATIO,
 };
 
-use std::sync::OnceLock;
-
 use serde::{Deserialize, Serialize};
-use tiktoken_rs::CoreBPE;
+use tiktoken::CoreBpe;
 
 /// Tokens a chat message costs beyond its role and content: the message start/end markers and the
 /// role/content separator of the chat format (the value OpenAI documents for its chat models).
@@ -84,30 +85,19 @@ impl Encoding {
     }
 }
 
-type LoadedEncoding = Result<CoreBPE, String>;
-
-/// Returns the lazily loaded encoding, parsing its ranks on first use only.
-fn load_encoding(encoding: Encoding) -> Result<&'static CoreBPE, TokenizerError> {
-    static O200K_BASE: OnceLock<LoadedEncoding> = OnceLock::new();
-    static CL100K_BASE: OnceLock<LoadedEncoding> = OnceLock::new();
-    let loaded = match encoding {
-        Encoding::O200kBase => {
-            O200K_BASE.get_or_init(|| tiktoken_rs::o200k_base().map_err(|error| error.to_string()))
-        }
-        Encoding::Cl100kBase => {
-            CL100K_BASE.get_or_init(|| tiktoken_rs::cl100k_base().map_err(|error| error.to_string()))
-        }
-    };
-    loaded
-        .as_ref()
-        .map_err(|reason| TokenizerError::Load { encoding: encoding.name(), reason: reason.clone() })
+/// Returns the encoding, built on first use only.
+fn load_encoding(encoding: Encoding) -> Result<&'static CoreBpe, TokenizerError> {
+    tiktoken::get_encoding(encoding.name()).ok_or_else(|| TokenizerError::Load {
+        encoding: encoding.name(),
+        reason: "this build does not carry the encoding's ranks".to_owned(),
+    })
 }
 
 /// Counts tokens for one agent's model.
 #[derive(Clone)]
 pub struct TokenCounter {
     kind: TokenizerKind,
-    bpe: &'static CoreBPE,
+    bpe: &'static CoreBpe,
     calibration: Calibration,
 }
 
@@ -147,7 +137,7 @@ impl TokenCounter {
 
     /// The uncalibrated BPE count of `text` (special-token text counted as ordinary text).
     pub fn base_count(&self, text: &str) -> u32 {
-        saturate(self.bpe.encode_ordinary(text).len())
+        saturate(self.bpe.count(text))
     }
 
     /// The token count of `text` for this tokenizer: exact for BPE kinds, calibrated for
