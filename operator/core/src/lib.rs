@@ -18,5 +18,6 @@ pub mod purge;
 pub mod redaction;
 pub mod replay;
 pub mod retention;
+pub mod session;
 pub mod tokens;
 pub mod tool_output;

@@ -51,6 +51,7 @@ pub struct PatternError {
 }
 
 /// One rule: a pattern, and which capture group holds the secret (0 = the whole match).
+#[derive(Clone)]
 struct Rule {
     kind: SecretKind,
     regex: Regex,
@@ -78,6 +79,7 @@ pub struct Redacted<'a> {
 }
 
 /// Redacts credentials; build once per policy and reuse.
+#[derive(Clone)]
 pub struct Redactor {
     rules: Vec<Rule>,
 }
@@ -109,6 +111,12 @@ const BUILTIN: &[(SecretKind, &str, usize)] = &[
         1,
     ),
 ];
+
+impl std::fmt::Debug for Redactor {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Redactor").field("rules", &self.rules.len()).finish()
+    }
+}
 
 impl Redactor {
     /// A redactor for the built-in shapes plus `extra_patterns`; `None` when redaction is disabled.

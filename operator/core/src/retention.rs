@@ -115,8 +115,8 @@ struct CompiledRule {
     regex: Option<Regex>,
 }
 
-/// Classifies entries by the first matching rule.
-#[derive(Debug, Clone)]
+/// Classifies entries by the first matching rule (no rules: everything is Working).
+#[derive(Debug, Clone, Default)]
 pub struct Classifier {
     rules: Vec<CompiledRule>,
 }

@@ -1,13 +1,90 @@
 //! The API's effective policy turned into the context engine's knobs, in one place for the
 //! gateway, `strata compact`, `strata replay` and the controller.
 
-use strata_api::agent::Tokenizer;
-use strata_api::effective::{EffectiveBudget, EffectiveCompaction, EffectiveRetention, EffectiveToolResults};
-use strata_core::budget::BudgetPolicy;
+use strata_api::agent::{Provider, Tokenizer};
+use strata_api::effective::{
+    EffectiveBudget, EffectiveCompaction, EffectivePolicy, EffectiveRetention, EffectiveToolResults,
+};
+use strata_api::policy::BreakpointMode;
+use strata_core::budget::{BudgetError, BudgetPolicy};
 use strata_core::compaction::{CompactionSettings, StateField};
-use strata_core::retention::RetentionRule;
+use strata_core::compiler::BreakpointPlacement;
+use strata_core::prefix::StablePrefixSources;
+use strata_core::redaction::{PatternError, Redactor};
+use strata_core::retention::{Classifier, ExpiryPolicy, RetentionRule, RetentionRuleError};
+use strata_core::session::{Api, SessionSettings};
 use strata_core::tokens::TokenizerKind;
 use strata_core::tool_output::{ElisionPolicy, SpillPolicy};
+
+/// An effective policy that does not translate to engine settings.
+#[derive(Debug, thiserror::Error)]
+pub enum PolicyError {
+    /// The budget does not fit the context window.
+    #[error("policy.budget: {0}")]
+    Budget(#[source] BudgetError),
+    /// A redaction pattern does not compile.
+    #[error("policy.redaction.extraPatterns: {0}")]
+    Redaction(#[source] PatternError),
+    /// A retention rule does not compile.
+    #[error("policy.retention: {0}")]
+    Retention(#[source] RetentionRuleError),
+    /// A retention rule does not have the engine's shape.
+    #[error("policy.retention.rules: {0}")]
+    RetentionShape(#[source] serde_json::Error),
+    /// A required compaction field does not have the engine's shape.
+    #[error("policy.compaction.requiredFields: {0}")]
+    RequiredFields(#[source] serde_json::Error),
+}
+
+/// The provider API an upstream speaks.
+pub fn api_of(provider: Provider) -> Api {
+    match provider {
+        Provider::Anthropic => Api::Anthropic,
+        Provider::OpenAI | Provider::OpenAICompatible => Api::OpenAi,
+    }
+}
+
+/// The session engine's settings for an agent (no configured Tier-1 sources; revision 0).
+pub fn session_settings(
+    policy: &EffectivePolicy,
+    provider: Provider,
+    context_window: u32,
+    tokenizer: Tokenizer,
+    tenant: &str,
+    privacy_scope: &str,
+) -> Result<SessionSettings, PolicyError> {
+    let budget = budget_policy(&policy.budget);
+    let limit = u64::from(context_window);
+    budget.validate(limit).map_err(PolicyError::Budget)?;
+    let redactor = Redactor::new(policy.redaction.enabled, &policy.redaction.extra_patterns)
+        .map_err(PolicyError::Redaction)?;
+    let rules = retention_rules(&policy.retention).map_err(PolicyError::RetentionShape)?;
+    let classifier = Classifier::new(rules).map_err(PolicyError::Retention)?;
+    let placement = match policy.cache.breakpoints {
+        BreakpointMode::Auto => BreakpointPlacement::Auto,
+        BreakpointMode::None => BreakpointPlacement::Off,
+    };
+    Ok(SessionSettings {
+        revision: 0,
+        api: api_of(provider),
+        tenant: tenant.to_owned(),
+        limit,
+        budget,
+        spill: spill_policy(&policy.tool_results),
+        elision: elision_policy(&policy.tool_results),
+        expiry: ExpiryPolicy::default(),
+        redactor,
+        classifier,
+        placement,
+        stable_prefix: StablePrefixSources::default(),
+        compaction: compaction_settings(&policy.compaction, privacy_scope)
+            .map_err(PolicyError::RequiredFields)?,
+        automatic_compaction: policy.compaction.automatic,
+        compaction_trigger_percent: policy.compaction.trigger_percent,
+        retain_generations: policy.compaction.retain_generations as usize,
+        tokenizer: tokenizer_kind(tokenizer),
+    })
+}
 
 /// The core tokenizer matching the API's.
 pub fn tokenizer_kind(tokenizer: Tokenizer) -> TokenizerKind {

@@ -1,8 +1,9 @@
 //! Input formats: mini-swe-agent trajectories, pi-style session JSONL, and plain OpenAI `messages`.
 
-use serde_json::Value;
+use serde_json::{Value, json};
 
-use crate::entry::Role;
+use crate::entry::{Content, Role, ToolCall};
+use crate::session::openai_messages::assistant_message;
 
 use super::transcript::{RecordedUsage, Transcript, TranscriptMessage};
 
@@ -205,7 +206,10 @@ fn parse_messages_document(
                 })
             }));
         }
-        out.push(TranscriptMessage { role, text, tool_name, at_ms });
+        if tool_name.is_none() {
+            tool_name = message.get("name").and_then(Value::as_str).map(str::to_string);
+        }
+        out.push(TranscriptMessage { role, text, tool_name, at_ms, wire: message.clone() });
     }
     Ok(Transcript::new(name.into(), out, usage))
 }
@@ -231,6 +235,7 @@ fn parse_pi_session(name: &str, text: &str) -> Result<Transcript, FormatError> {
         let role = role_of(name, &location, message.get("role").and_then(Value::as_str))?;
         let at_ms = message.get("timestamp").and_then(Value::as_u64);
         let mut text = String::new();
+        let mut calls = Vec::new();
         let mut tool_name = message.get("toolName").and_then(Value::as_str).map(str::to_string);
         for block in message.get("content").and_then(Value::as_array).into_iter().flatten() {
             match block.get("type").and_then(Value::as_str) {
@@ -246,16 +251,42 @@ fn parse_pi_session(name: &str, text: &str) -> Result<Transcript, FormatError> {
                 Some("toolCall") => {
                     let call_name = block.get("name").and_then(Value::as_str).unwrap_or("tool");
                     tool_name = Some(call_name.to_string());
-                    text.push_str(&format!(
-                        "\n{call_name}({})",
-                        block.get("arguments").cloned().unwrap_or(Value::Null)
-                    ));
+                    let arguments = block.get("arguments").cloned().unwrap_or(Value::Null).to_string();
+                    let id = block
+                        .get("id")
+                        .and_then(Value::as_str)
+                        .map_or_else(|| format!("call_{}_{}", out.len(), calls.len()), str::to_string);
+                    calls.push(ToolCall {
+                        call_id: id,
+                        name: call_name.to_string(),
+                        arguments_json: arguments,
+                    });
                 }
                 _ => {}
             }
         }
         if let Some(content) = message.get("content").and_then(Value::as_str) {
             text.push_str(content);
+        }
+        let wire = match role {
+            Role::Assistant => assistant_message(&Content {
+                text: text.clone(),
+                tool_calls: calls.clone(),
+                ..Content::default()
+            }),
+            Role::Tool => {
+                let call_id = message
+                    .get("toolCallId")
+                    .and_then(Value::as_str)
+                    .map_or_else(|| format!("call_{}", out.len()), str::to_string);
+                json!({"role": "tool", "tool_call_id": call_id, "content": text})
+            }
+            Role::User => json!({"role": "user", "content": text}),
+            Role::System => json!({"role": "system", "content": text}),
+        };
+        // The anchors count tool calls as text, as the recorded prompt carried them.
+        for call in &calls {
+            text.push_str(&format!("\n{}({})", call.name, call.arguments_json));
         }
         if role == Role::Assistant {
             usage.push(message.get("usage").map(|u| {
@@ -265,7 +296,7 @@ fn parse_pi_session(name: &str, text: &str) -> Result<Transcript, FormatError> {
                 RecordedUsage { prompt_tokens: fresh + read + write, cached_tokens: read }
             }));
         }
-        out.push(TranscriptMessage { role, text, tool_name, at_ms });
+        out.push(TranscriptMessage { role, text, tool_name, at_ms, wire });
     }
     Ok(Transcript::new(name.into(), out, usage))
 }

@@ -1,34 +1,28 @@
 //! Replays one session under every policy: rebuild each call's prompt, price it, and measure.
 //!
-//! The strata policy runs the real engine on an in-memory volume:
-//! - the journal;
-//! - redaction, spill to the artifact store, dedup and retention classification on append;
-//! - the incremental compiler with its breakpoints;
-//! - cache-aware batched elision and expiry before each call;
-//! - extractive compaction when the budget reaches the compaction trigger.
+//! The strata policy drives the session engine (the gateway's engine) call by call, on an
+//! in-memory volume, as a client that resends its whole history each call: every call's new
+//! messages go in through [`SessionEngine::begin_turn`], the upstream body it compiles is priced,
+//! and the recorded assistant message goes back in through [`SessionEngine::record_answer`]. What
+//! it prices is, by construction, what the gateway forwards.
 //!
 //! The anchor policies rebuild their prompt from the messages as published (see [`super::policies`]).
 
-use std::collections::{BTreeMap, HashMap, HashSet};
-use std::sync::Arc;
+use std::collections::{HashMap, HashSet};
 
 use regex::Regex;
 use serde::Serialize;
+use serde_json::{Map, Value};
 
-use crate::artifacts::{ArtifactRef, ArtifactStore};
-use crate::budget::BudgetPolicy;
-use crate::compaction::{CompactionMode, CompactionRequest, CompactionSettings, compact_extractive};
-use crate::compiler::{Breakpoint, BreakpointPlacement, ContextCompiler, InclusionReason, Treatment};
-use crate::dedup::{DedupIndex, render_duplicate};
-use crate::economics::CachePricing;
-use crate::entry::{Content, Entry, EntryDraft, EntryId, EntryKind, Role, ToolResult};
-use crate::journal::sim::SimStorage;
-use crate::journal::{Journal, JournalOptions, SyncPolicy};
-use crate::prefix::{StablePrefix, StablePrefixSources, ToolRegistry};
-use crate::redaction::Redactor;
-use crate::retention::{Classifier, ExpiryPolicy, RetentionMatch, RetentionRule, plan_expiry};
+use crate::artifacts::ArtifactRef;
+use crate::budget::{BudgetPolicy, OperationId};
+use crate::entry::Role;
+use crate::session::openai_messages::{parse_message, parse_messages};
+use crate::session::tool_schema::is_memory_tool;
+use crate::session::{
+    Api, AssistantOutput, ChatRequest, SessionEngine, SessionSettings, TurnOutcome, TurnRequest, UpstreamCall,
+};
 use crate::tokens::{MESSAGE_OVERHEAD_TOKENS, TokenCounter};
-use crate::tool_output::{ElisionPolicy, SpillPolicy, elide_entry, plan_elision, spill};
 
 use super::policies::{MessageIndex, PolicyKind, PolicySettings, Variant, anchor_variant, variant_text};
 use super::pricing::{Block, CallCost, Provider, ProviderCache, block_hash};
@@ -37,64 +31,20 @@ use super::transcript::Transcript;
 /// Seconds between calls when the input has no timestamps.
 const DEFAULT_CALL_SPACING_MS: u64 = 30_000;
 
-/// Strata's knobs in replay (the policy file's effective values).
-#[derive(Clone, Debug)]
-pub struct StrataSettings {
-    /// Spill.
-    pub spill: SpillPolicy,
-    /// Elision.
-    pub elision: ElisionPolicy,
-    /// Retention rules.
-    pub retention_rules: Vec<RetentionRule>,
-    /// Expiry batching.
-    pub expiry: ExpiryPolicy,
-    /// Whether budget-triggered compaction runs.
-    pub automatic_compaction: bool,
-    /// Compaction trigger, percent of the window.
-    pub compaction_trigger_percent: u8,
-    /// Compaction settings.
-    pub compaction: CompactionSettings,
-    /// Redaction on.
-    pub redaction: bool,
-}
-
-impl Default for StrataSettings {
-    fn default() -> Self {
-        StrataSettings {
-            spill: SpillPolicy::default(),
-            elision: ElisionPolicy::default(),
-            retention_rules: vec![RetentionRule {
-                name: "heartbeats".into(),
-                class: crate::entry::RetentionClass::Ephemeral,
-                matcher: RetentionMatch {
-                    roles: None,
-                    tool_names: None,
-                    content_regex: Some(r"(?i)^\s*(heartbeat|HEARTBEAT_OK|status check|ping)\b".into()),
-                },
-                ttl_seconds: Some(3600),
-            }],
-            expiry: ExpiryPolicy::default(),
-            automatic_compaction: true,
-            compaction_trigger_percent: 85,
-            compaction: CompactionSettings::default(),
-            redaction: true,
-        }
-    }
-}
-
 /// Everything a replay needs besides the transcript.
 #[derive(Clone, Debug)]
 pub struct ReplayOptions {
-    /// Whose cache rules price the calls.
+    /// Whose cache rules price the calls (and, for the strata policy, whose API the engine
+    /// renders).
     pub provider: Provider,
-    /// The model's context window.
-    pub context_window: u64,
-    /// Budget reservations and thresholds.
-    pub budget: BudgetPolicy,
     /// Anchor-policy knobs.
     pub anchors: PolicySettings,
-    /// Strata's knobs.
-    pub strata: StrataSettings,
+    /// The session engine's settings: the context window is `strata.limit`, the reservations
+    /// `strata.budget`.
+    pub strata: SessionSettings,
+    /// The leading fields of every upstream body the engine renders (model, cache hints), as the
+    /// gateway adds them.
+    pub head: Map<String, Value>,
     /// Policies to run.
     pub policies: Vec<PolicyKind>,
 }
@@ -103,12 +53,18 @@ impl Default for ReplayOptions {
     fn default() -> Self {
         ReplayOptions {
             provider: Provider::Anthropic,
-            context_window: 200_000,
-            budget: BudgetPolicy::default(),
             anchors: PolicySettings::default(),
-            strata: StrataSettings::default(),
+            strata: SessionSettings::defaults(Api::Anthropic, 200_000),
+            head: Map::new(),
             policies: PolicyKind::ALL.to_vec(),
         }
+    }
+}
+
+impl ReplayOptions {
+    /// The model's context window.
+    pub fn context_window(&self) -> u64 {
+        self.strata.limit
     }
 }
 
@@ -152,6 +108,8 @@ pub struct PolicyReport {
     pub peak_context: u64,
     /// Calls whose prompt did not fit the budget.
     pub calls_over_budget: u64,
+    /// Calls the budget blocked (strata: the engine refused the turn; nothing was sent).
+    pub blocked_calls: u64,
     /// Compactions run.
     pub compactions: u64,
     /// Outputs spilled.
@@ -174,6 +132,7 @@ impl PolicyReport {
             calls: Vec::new(),
             peak_context: 0,
             calls_over_budget: 0,
+            blocked_calls: 0,
             compactions: 0,
             spills: 0,
             elisions: 0,
@@ -227,7 +186,8 @@ pub struct SessionReport {
 /// A replay that cannot run.
 #[derive(Debug, thiserror::Error)]
 pub enum ReplayError {
-    /// The engine refused something (journal, artifacts, compaction).
+    /// The engine refused something (journal, artifacts, compaction) or a message is not one a
+    /// client could send.
     #[error("{session}: the strata engine failed at call {call}: {message}")]
     Engine {
         /// Session name.
@@ -251,7 +211,7 @@ pub fn replay_session(
     let mut calibration = TokenCalibration::default();
     for &kind in &options.policies {
         let report = if kind == PolicyKind::Strata {
-            StrataRun::new(transcript, options, counter)?.run(&times)?
+            replay_strata(transcript, options, &times, |_, _| {})?
         } else {
             replay_anchor(kind, transcript, options, &times, &mut tokens, &mut calibration)
         };
@@ -359,7 +319,7 @@ fn replay_anchor(
             calibration.recorded_cached_tokens += usage.cached_tokens;
             calibration.counted_prompt_tokens += cost.total;
         }
-        report.record(cost, reserved(&options.budget), options.context_window, false);
+        report.record(cost, reserved(&options.strata.budget), options.context_window(), false);
     }
     report.spills = spilled.len() as u64;
     report.elisions = elided.len() as u64;
@@ -372,304 +332,142 @@ fn marker_pattern() -> Option<Regex> {
     Regex::new(r"(?i)\b(decided|decision|constraint|must not|TODO|FIXME)\b").ok()
 }
 
-/// The strata policy's state for one session.
-struct StrataRun<'a> {
-    transcript: &'a Transcript,
-    options: &'a ReplayOptions,
-    counter: &'a TokenCounter,
-    journal: Journal,
-    store: ArtifactStore,
-    compiler: ContextCompiler,
-    first: usize,
-    redactor: Option<Redactor>,
-    classifier: Option<Classifier>,
-    dedup: DedupIndex,
-    ttl_of: HashMap<EntryId, u32>,
-    elided: HashSet<EntryId>,
-    expired: HashSet<EntryId>,
-    stored: Vec<(ArtifactRef, String)>,
-    report: PolicyReport,
+/// The request a client sends for the call whose prompt is `messages` (its whole history).
+fn client_request(messages: &[Value]) -> Result<ChatRequest, String> {
+    let parsed = parse_messages(messages)?;
+    Ok(ChatRequest {
+        api: Api::OpenAi,
+        stream: false,
+        system_text: parsed.system.join("\n\n"),
+        turns: parsed.turns,
+        tools: Vec::new(),
+        params: Map::new(),
+        wants_usage: false,
+    })
 }
 
-const TENANT: &str = "replay";
+/// The recorded assistant message as the upstream's answer.
+fn recorded_answer(index: usize, message: &Value) -> Result<AssistantOutput, String> {
+    let turn = parse_message(index, message, &mut Vec::new())?
+        .filter(|turn| turn.role == Role::Assistant)
+        .ok_or_else(|| format!("messages[{index}] is not an assistant message"))?;
+    Ok(AssistantOutput {
+        text: turn.content.text,
+        tool_calls: turn.content.tool_calls,
+        ..AssistantOutput::default()
+    })
+}
 
-impl<'a> StrataRun<'a> {
-    fn new(
-        transcript: &'a Transcript,
-        options: &'a ReplayOptions,
-        counter: &'a TokenCounter,
-    ) -> Result<Self, ReplayError> {
-        let fail =
-            |message: String| ReplayError::Engine { session: transcript.name.clone(), call: 0, message };
-        // Tier 1: a leading system message is the stable prefix, if it is free of volatile material.
-        let mut first = 0;
-        let mut sources = StablePrefixSources::default();
-        if let Some(system) = transcript.messages.first().filter(|m| m.role == Role::System) {
-            let candidate =
-                StablePrefixSources { system_prompt: system.text.clone(), ..StablePrefixSources::default() };
-            if StablePrefix::build(&candidate, &mut ToolRegistry::new(), counter).is_ok() {
-                sources = candidate;
-                first = 1;
-            }
-        }
-        let prefix = StablePrefix::build(&sources, &mut ToolRegistry::new(), counter)
-            .map_err(|e| fail(e.to_string()))?;
-        let mut journal_options = JournalOptions::new("replay", 0);
-        journal_options.sync_policy = SyncPolicy::Batched { max_pending: 1 << 20 };
-        let storage = Arc::new(SimStorage::new());
-        let journal =
-            Journal::open(storage.clone(), "/data", journal_options).map_err(|e| fail(e.to_string()))?.0;
-        Ok(StrataRun {
-            transcript,
-            options,
-            counter,
-            journal,
-            store: ArtifactStore::new(storage, "/data/artifacts"),
-            compiler: ContextCompiler::new(prefix, BreakpointPlacement::Auto),
-            first,
-            redactor: Redactor::new(options.strata.redaction, &[]).ok().flatten(),
-            classifier: Classifier::new(options.strata.retention_rules.clone()).ok(),
-            dedup: DedupIndex::new(),
-            ttl_of: HashMap::new(),
-            elided: HashSet::new(),
-            expired: HashSet::new(),
-            stored: Vec::new(),
-            report: PolicyReport::new(PolicyKind::Strata),
-        })
-    }
-
-    fn fail(&self, call: usize, message: impl std::fmt::Display) -> ReplayError {
-        ReplayError::Engine { session: self.transcript.name.clone(), call, message: message.to_string() }
-    }
-
-    fn run(mut self, times: &[u64]) -> Result<PolicyReport, ReplayError> {
-        let first = self.first;
-        let mut next = first;
-        let mut cache = ProviderCache::new(self.options.provider);
-        for (call, &(end, _)) in self.transcript.calls.iter().enumerate() {
-            let now = times[call];
-            while next < end {
-                self.append(next, now).map_err(|e| self.fail(call, e))?;
-                next += 1;
-            }
-            let compacted = self.before_call(call, now)?;
-            let blocks = self.blocks(call)?;
-            let cost = cache.price(&blocks, now);
-            self.report.record(cost, reserved(&self.options.budget), self.options.context_window, compacted);
-        }
-        self.report.preservation = Some(self.preservation(first));
-        Ok(self.report)
-    }
-
-    fn append(&mut self, index: usize, now: u64) -> Result<(), String> {
-        let message = &self.transcript.messages[index];
-        let text = match &self.redactor {
-            Some(redactor) => redactor.redact(&message.text).text.into_owned(),
-            None => message.text.clone(),
-        };
-        let (class, ttl) = match &self.classifier {
-            Some(classifier) => classifier.classify(message.role, &text, message.tool_name.as_deref()),
-            None => (crate::entry::RetentionClass::Working, None),
-        };
-        let (kind, content, refs) = if message.is_tool_result() {
-            let outcome =
-                spill(&text, &self.options.strata.spill, &self.store, TENANT).map_err(|e| e.to_string())?;
-            let mut refs = Vec::new();
-            if let Some(data_ref) = outcome.data_ref.clone() {
-                self.report.spills += 1;
-                self.stored.push((data_ref.clone(), text.clone()));
-                refs.push(data_ref);
-            }
-            let result = ToolResult {
-                call_id: format!("call_{index}"),
-                name: message.tool_name.clone(),
-                output: outcome.window_text,
-            };
-            (
-                EntryKind::ToolResult,
-                Content { text: String::new(), tool_calls: Vec::new(), tool_results: vec![result] },
-                refs,
-            )
-        } else {
-            (EntryKind::Message, Content::text(text.clone()), Vec::new())
-        };
-        let counted: String = content.tool_results.first().map_or(content.text.clone(), |r| r.output.clone());
-        let draft = EntryDraft {
-            kind,
-            role: message.role,
-            tokens: u64::from(self.counter.count(&counted)) + u64::from(MESSAGE_OVERHEAD_TOKENS),
-            content,
-            retention: class,
-            created_at_ms: now,
-            artifact_refs: refs,
-        };
-        let entry = self.journal.append(draft).map_err(|e| e.to_string())?;
-        if let Some(ttl) = ttl {
-            self.ttl_of.insert(entry.id, ttl);
-        }
-        let duplicate_of = self.dedup.observe(&entry);
-        self.compiler.sync(self.journal.generation(), self.journal.entries(), self.counter);
-        if let Some(original) = duplicate_of {
-            let batch = BTreeMap::from([(
-                entry.id,
-                Treatment::Replace { text: render_duplicate(original), reason: InclusionReason::Duplicate },
-            )]);
-            self.compiler
-                .apply_treatments(batch, self.journal.entries(), self.counter)
-                .map_err(|e| e.to_string())?;
-            self.report.deduplications += 1;
-        }
-        Ok(())
-    }
-
-    /// Expiry, elision and compaction, as the gateway runs them before forwarding a call.
-    fn before_call(&mut self, call: usize, now: u64) -> Result<bool, ReplayError> {
-        let remaining = crate::economics::expected_remaining_calls(call as u64);
-        let pricing = match self.options.provider {
-            Provider::Anthropic => CachePricing::ANTHROPIC,
-            Provider::OpenAi => CachePricing::OPENAI,
-        };
-        let counter = self.counter;
-        let mut batch = BTreeMap::new();
-        let ttl_of = &self.ttl_of;
-        let entries = self.journal.entries();
-        let expiry = plan_expiry(
-            entries,
-            now,
-            &self.expired,
-            |e| ttl_of.get(&e.id).copied(),
-            &self.options.strata.expiry,
-            remaining,
-            pricing,
-        );
-        let elision = plan_elision(
-            entries,
-            &self.elided,
-            &self.options.strata.elision,
-            |t| u64::from(counter.count(t)),
-            remaining,
-            pricing,
-        );
-        let to_elide: Vec<Entry> = elision
-            .map(|batch| entries.iter().filter(|e| batch.ids.contains(&e.id)).cloned().collect())
-            .unwrap_or_default();
-        if let Some(expiry) = expiry {
-            for id in expiry.ids {
-                self.expired.insert(id);
-                batch.insert(id, Treatment::Omit);
-                self.report.expirations += 1;
-            }
-        }
-        {
-            for entry in &to_elide {
-                let id = entry.id;
-                let (content, refs) = elide_entry(entry, &self.options.strata.elision, &self.store, TENANT)
-                    .map_err(|e| self.fail(call, e))?;
-                for (data_ref, result) in refs.iter().zip(&entry.content.tool_results) {
-                    self.stored.push((data_ref.clone(), result.output.clone()));
-                }
-                let text: Vec<String> = content.tool_results.iter().map(|r| r.output.clone()).collect();
-                self.elided.insert(id);
-                batch.insert(
-                    id,
-                    Treatment::Replace { text: text.join("\n"), reason: InclusionReason::Elided },
-                );
-                self.report.elisions += 1;
-            }
-        }
-        if !batch.is_empty()
-            && let Err(error) = self.compiler.apply_treatments(batch, self.journal.entries(), counter)
-        {
-            return Err(self.fail(call, error));
-        }
-        let used = self.compiler.context_tokens() + reserved(&self.options.budget);
-        let trigger =
-            self.options.context_window * u64::from(self.options.strata.compaction_trigger_percent) / 100;
-        if !self.options.strata.automatic_compaction || used < trigger {
-            return Ok(false);
-        }
-        let request = CompactionRequest {
-            mode: CompactionMode::Budget,
-            reason: Some("context reached the compaction trigger".into()),
-            resume_instruction: None,
-            settings: self.options.strata.compaction.clone(),
+/// The strata policy: the session engine driven call by call, as the gateway drives it for a
+/// client that resends its whole history. `observe` sees every call's upstream body (`None` for
+/// a call the budget blocked).
+pub fn replay_strata(
+    transcript: &Transcript,
+    options: &ReplayOptions,
+    times: &[u64],
+    mut observe: impl FnMut(usize, Option<&UpstreamCall>),
+) -> Result<PolicyReport, ReplayError> {
+    let fail = |call: usize, message: String| ReplayError::Engine {
+        session: transcript.name.clone(),
+        call,
+        message,
+    };
+    let mut settings = options.strata.clone();
+    settings.api = match options.provider {
+        Provider::Anthropic => Api::Anthropic,
+        Provider::OpenAi => Api::OpenAi,
+    };
+    let start = times.first().copied().unwrap_or(0);
+    let mut engine = SessionEngine::in_memory(&settings, start).map_err(|e| fail(0, e.to_string()))?;
+    let wires: Vec<Value> = transcript.messages.iter().map(|m| m.wire.clone()).collect();
+    let mut report = PolicyReport::new(PolicyKind::Strata);
+    let mut cache = ProviderCache::new(options.provider);
+    let mut stored: Vec<(ArtifactRef, String)> = Vec::new();
+    let reserved = reserved(&settings.budget);
+    for (call, &(end, _)) in transcript.calls.iter().enumerate() {
+        let now = times[call];
+        let request = client_request(&wires[..end]).map_err(|e| fail(call, e))?;
+        let turn = TurnRequest {
+            request: &request,
+            transparent: true,
+            operation_id: OperationId::from_request(
+                "replay",
+                format!("{}#{call}", transcript.name).as_bytes(),
+            ),
+            head: options.head.clone(),
             now_ms: now,
         };
-        let record = match compact_extractive(&mut self.journal, &self.store, TENANT, request, counter) {
-            Ok(record) => record,
-            Err(error) => return Err(self.fail(call, error)),
-        };
-        let compacted = record.result_generation != record.source_generation;
-        self.report.compactions += u64::from(compacted);
-        self.compiler.sync(self.journal.generation(), self.journal.entries(), counter);
-        Ok(compacted)
-    }
-
-    fn blocks(&self, call: usize) -> Result<Vec<Block>, ReplayError> {
-        let packet = self
-            .compiler
-            .compile(self.options.context_window, self.options.budget)
-            .map_err(|e| self.fail(call, e))?;
-        let mut blocks = Vec::with_capacity(packet.entries.len() + 2);
-        let prefix_text = packet.prefix.text();
-        if !prefix_text.is_empty() {
-            let tokens = u64::from(packet.prefix.manifest().total_tokens);
-            blocks.push(Block {
-                hash: block_hash(&prefix_text),
-                tokens,
-                breakpoint: packet.breakpoints.contains(&Breakpoint::Tier1),
-            });
-        }
-        for entry in packet.entries.iter().filter(|e| e.included) {
-            let breakpoint = packet.breakpoints.contains(&Breakpoint::Entry { id: entry.id });
-            blocks.push(Block { hash: block_hash(&entry.text), tokens: entry.tokens, breakpoint });
-        }
-        blocks.push(Block {
-            hash: block_hash(&packet.telemetry),
-            tokens: u64::from(self.counter.count(&packet.telemetry)),
-            breakpoint: false,
-        });
-        Ok(blocks)
-    }
-
-    fn preservation(&self, first: usize) -> Preservation {
-        let mut result = Preservation { stored_outputs: self.stored.len() as u64, ..Preservation::default() };
-        result.readable_byte_exact = self
-            .stored
-            .iter()
-            .filter(|(data_ref, original)| {
-                self.store.get(TENANT, data_ref).is_ok_and(|bytes| bytes == original.as_bytes())
-            })
-            .count() as u64;
-        let Some(pattern) = marker_pattern() else { return result };
-        let Ok(packet) = self.compiler.compile(self.options.context_window, self.options.budget) else {
-            return result;
-        };
-        let mut context = packet.prefix.text();
-        for entry in packet.entries.iter().filter(|e| e.included) {
-            context.push_str(&entry.text);
-        }
-        let archives: Vec<String> = self
-            .journal
-            .entries()
-            .iter()
-            .flat_map(|e| e.artifact_refs.iter())
-            .filter_map(|r| self.store.get(TENANT, r).ok())
-            .map(|bytes| String::from_utf8_lossy(&bytes).into_owned())
-            .chain(self.stored.iter().map(|(_, original)| original.clone()))
-            .collect();
-        let end = self.transcript.calls.last().map_or(0, |&(end, _)| end);
-        for message in &self.transcript.messages[first.min(end)..end] {
-            for line in message.text.lines().filter(|l| pattern.is_match(l)) {
-                let line = line.trim();
-                result.markers += 1;
-                let redacted =
-                    self.redactor.as_ref().map_or(line.to_string(), |r| r.redact(line).text.into_owned());
-                let found = context.contains(&redacted)
-                    || archives.iter().any(|a| a.contains(line) || a.contains(&redacted));
-                result.markers_surviving += u64::from(found);
+        let admitted = match engine.begin_turn(&settings, turn).map_err(|e| fail(call, e.to_string()))? {
+            TurnOutcome::Admitted(admitted) => *admitted,
+            TurnOutcome::Blocked(_) => {
+                observe(call, None);
+                report.blocked_calls += 1;
+                continue;
             }
-        }
-        result
+        };
+        report.compactions += admitted.compactions;
+        report.spills += admitted.spilled_outputs;
+        report.deduplications += admitted.deduplicated_outputs;
+        stored.extend(admitted.offloaded.iter().cloned());
+        let first_call = &admitted.first_call;
+        observe(call, Some(first_call));
+        let cost = cache.price(&first_call.blocks, now);
+        report.record(cost, reserved, settings.limit, admitted.compactions > 0);
+        let answer = recorded_answer(end, &wires[end]).map_err(|e| fail(call, e))?;
+        let effects = engine
+            .record_answer(&settings, first_call, &answer, now)
+            .map_err(|e| fail(call, e.to_string()))?;
+        report.elisions += effects.elided_entries;
+        report.expirations += effects.expired_entries;
+        stored.extend(effects.offloaded);
+        engine
+            .remember_answer(admitted.chain_tail, &answer.visible_turn(is_memory_tool))
+            .map_err(|e| fail(call, e.to_string()))?;
     }
+    report.preservation = Some(preservation(transcript, &engine, &settings, &stored));
+    Ok(report)
+}
+
+/// What the strata policy kept readable: off-window outputs read back byte-exact, and decision
+/// markers still in the final context or in an artifact.
+fn preservation(
+    transcript: &Transcript,
+    engine: &SessionEngine,
+    settings: &SessionSettings,
+    stored: &[(ArtifactRef, String)],
+) -> Preservation {
+    let store = engine.store();
+    let tenant = settings.tenant.as_str();
+    let mut result = Preservation { stored_outputs: stored.len() as u64, ..Preservation::default() };
+    result.readable_byte_exact = stored
+        .iter()
+        .filter(|(data_ref, original)| {
+            store.get(tenant, data_ref).is_ok_and(|bytes| bytes == original.as_bytes())
+        })
+        .count() as u64;
+    let Some(pattern) = marker_pattern() else { return result };
+    let Ok(context) = engine.context_text(settings) else { return result };
+    let archives: Vec<String> = engine
+        .journal()
+        .entries()
+        .iter()
+        .flat_map(|e| e.artifact_refs.iter())
+        .filter_map(|r| store.get(tenant, r).ok())
+        .map(|bytes| String::from_utf8_lossy(&bytes).into_owned())
+        .chain(stored.iter().map(|(_, original)| original.clone()))
+        .collect();
+    let first = usize::from(transcript.messages.first().is_some_and(|m| m.role == Role::System));
+    let end = transcript.calls.last().map_or(0, |&(end, _)| end);
+    for message in &transcript.messages[first.min(end)..end] {
+        for line in message.text.lines().filter(|l| pattern.is_match(l)) {
+            let line = line.trim();
+            result.markers += 1;
+            let redacted =
+                settings.redactor.as_ref().map_or(line.to_string(), |r| r.redact(line).text.into_owned());
+            let found = context.contains(&redacted)
+                || archives.iter().any(|a| a.contains(line) || a.contains(&redacted));
+            result.markers_surviving += u64::from(found);
+        }
+    }
+    result
 }

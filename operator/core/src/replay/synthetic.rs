@@ -59,12 +59,14 @@ struct Session {
 
 impl Session {
     fn push(&mut self, role: Role, text: String, tool: Option<&str>, at_ms: u64) {
-        self.messages.push(TranscriptMessage {
+        let index = self.messages.len();
+        self.messages.push(TranscriptMessage::plain(
             role,
             text,
-            tool_name: tool.map(str::to_string),
-            at_ms: Some(at_ms),
-        });
+            tool.map(str::to_string),
+            Some(at_ms),
+            index,
+        ));
     }
 }
 

@@ -7,10 +7,10 @@ use bytes::Bytes;
 use serde_json::{Value, json};
 use strata_core::entry::{Content, Role, ToolCall, ToolResult};
 
-use super::conversation::{Api, AssistantOutput, ChatRequest, Turn, Usage, text_of};
 use super::errors::GatewayError;
 use super::sse;
-use super::tool_schema::is_memory_tool;
+use strata_core::session::tool_schema::is_memory_tool;
+use strata_core::session::turn::{Api, AssistantOutput, ChatRequest, Turn, Usage, text_of};
 
 const CONSUMED_FIELDS: [&str; 5] = ["messages", "system", "tools", "stream", "model"];
 

@@ -7,15 +7,12 @@ use std::time::{Duration, SystemTime};
 
 use strata_api::agent::Provider;
 use strata_api::gateway_config::{GatewayConfig, GatewayConfigError};
-use strata_api::policy::BreakpointMode;
-use strata_core::budget::{BudgetError, BudgetPolicy};
+use strata_core::budget::BudgetError;
+use strata_core::redaction::PatternError;
+use strata_core::retention::RetentionRuleError;
+use strata_core::session::SessionSettings;
 
-use crate::engine_policy;
-use strata_core::compiler::BreakpointPlacement;
-use strata_core::redaction::{PatternError, Redactor};
-use strata_core::retention::{Classifier, RetentionRuleError};
-use strata_core::tokens::TokenizerKind;
-use strata_core::tool_output::SpillPolicy;
+use crate::engine_policy::{self, PolicyError};
 
 /// How often the config file's modification time is checked.
 pub const RELOAD_POLL_INTERVAL: Duration = Duration::from_secs(1);
@@ -55,13 +52,13 @@ pub enum ConfigError {
         /// The rule error.
         cause: RetentionRuleError,
     },
-    /// A retention rule does not have the expected JSON shape.
-    #[error("{path}: policy.retention.rules: {cause}")]
-    RetentionShape {
+    /// A policy field does not translate to the engine's settings.
+    #[error("{path}: {cause}")]
+    Policy {
         /// The file.
         path: PathBuf,
-        /// The JSON error.
-        cause: serde_json::Error,
+        /// What does not translate.
+        cause: PolicyError,
     },
     /// A redaction pattern does not compile.
     #[error("{path}: policy.redaction.extraPatterns: {cause}")]
@@ -86,24 +83,10 @@ static REVISIONS: AtomicU64 = AtomicU64::new(0);
 
 /// Everything derived from one version of gateway.json.
 pub struct Settings {
-    /// Unique per load, so caches keyed on the settings notice a reload.
-    pub revision: u64,
     /// The file as parsed.
     pub config: GatewayConfig,
-    /// Tenant (the agent's namespace) for artifacts.
-    pub tenant: String,
-    /// Context limit in tokens.
-    pub limit: u64,
-    /// Budget thresholds and reservations.
-    pub budget: BudgetPolicy,
-    /// Spill thresholds.
-    pub spill: SpillPolicy,
-    /// Redaction before persistence; `None` when disabled.
-    pub redactor: Option<Redactor>,
-    /// Retention classification.
-    pub classifier: Classifier,
-    /// Cache breakpoint placement.
-    pub placement: BreakpointPlacement,
+    /// The session engine's settings.
+    pub session: SessionSettings,
     /// Upstream API key, when a key file is configured.
     pub api_key: Option<String>,
 }
@@ -111,12 +94,12 @@ pub struct Settings {
 impl std::fmt::Debug for Settings {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Settings")
-            .field("revision", &self.revision)
+            .field("revision", &self.session.revision)
             .field("agent", &self.config.agent)
-            .field("limit", &self.limit)
-            .field("budget", &self.budget)
-            .field("spill", &self.spill)
-            .field("redaction", &self.redactor.is_some())
+            .field("limit", &self.session.limit)
+            .field("budget", &self.session.budget)
+            .field("spill", &self.session.spill)
+            .field("redaction", &self.session.redactor.is_some())
             .finish_non_exhaustive()
     }
 }
@@ -124,20 +107,28 @@ impl std::fmt::Debug for Settings {
 impl Settings {
     /// Derives the settings from a parsed config (reading the API key file).
     pub fn from_config(config: GatewayConfig, path: &Path) -> Result<Self, ConfigError> {
-        let policy = &config.policy;
-        let budget = engine_policy::budget_policy(&policy.budget);
-        let limit = u64::from(config.upstream.context_window);
-        budget.validate(limit).map_err(|cause| ConfigError::Budget { path: path.to_owned(), cause })?;
-        let spill = engine_policy::spill_policy(&policy.tool_results);
-        let redactor = Redactor::new(policy.redaction.enabled, &policy.redaction.extra_patterns)
-            .map_err(|cause| ConfigError::Redaction { path: path.to_owned(), cause })?;
-        let rules = engine_policy::retention_rules(&policy.retention)
-            .map_err(|cause| ConfigError::RetentionShape { path: path.to_owned(), cause })?;
-        let classifier = Classifier::new(rules)
-            .map_err(|cause| ConfigError::Retention { path: path.to_owned(), cause })?;
-        let placement = match policy.cache.breakpoints {
-            BreakpointMode::Auto => BreakpointPlacement::Auto,
-            BreakpointMode::None => BreakpointPlacement::Off,
+        let session = engine_policy::session_settings(
+            &config.policy,
+            config.upstream.provider,
+            config.upstream.context_window,
+            config.upstream.tokenizer,
+            &config.agent.namespace,
+            &config.agent.privacy_scope,
+        )
+        .map_err(|cause| match cause {
+            PolicyError::Budget(cause) => ConfigError::Budget { path: path.to_owned(), cause },
+            PolicyError::Redaction(cause) => ConfigError::Redaction { path: path.to_owned(), cause },
+            PolicyError::Retention(cause) => ConfigError::Retention { path: path.to_owned(), cause },
+            cause => ConfigError::Policy { path: path.to_owned(), cause },
+        })?;
+        let session = SessionSettings {
+            revision: REVISIONS.fetch_add(1, Ordering::Relaxed),
+            stable_prefix: strata_core::prefix::StablePrefixSources {
+                system_prompt: config.stable_prefix.system_prompt.clone(),
+                tools: config.stable_prefix.tools.clone(),
+                constants: config.stable_prefix.constants.clone(),
+            },
+            ..session
         };
         let api_key = match &config.upstream.api_key_file {
             Some(file) => {
@@ -147,18 +138,7 @@ impl Settings {
             }
             None => None,
         };
-        Ok(Settings {
-            revision: REVISIONS.fetch_add(1, Ordering::Relaxed),
-            tenant: config.agent.namespace.clone(),
-            limit,
-            budget,
-            spill,
-            redactor,
-            classifier,
-            placement,
-            api_key,
-            config,
-        })
+        Ok(Settings { config, session, api_key })
     }
 
     /// Reads, parses and derives the settings of the file at `path`.
@@ -168,11 +148,6 @@ impl Settings {
         let config = GatewayConfig::from_json(&bytes)
             .map_err(|cause| ConfigError::Parse { path: path.to_owned(), cause })?;
         Self::from_config(config, path)
-    }
-
-    /// The tokenizer of the upstream model.
-    pub fn tokenizer(&self) -> TokenizerKind {
-        engine_policy::tokenizer_kind(self.config.upstream.tokenizer)
     }
 
     /// The upstream provider.

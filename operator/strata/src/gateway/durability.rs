@@ -6,7 +6,7 @@ use std::path::PathBuf;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use super::engine::{Engine, EngineError};
+use strata_core::session::{EngineError, SessionEngine};
 
 /// Tracks which writes are durable.
 #[derive(Debug, Default)]
@@ -39,7 +39,7 @@ impl Durability {
     }
 
     /// Returns once every write counted up to `seq` is durable, fsyncing if no one else did.
-    pub async fn wait(&self, engine: &Mutex<Engine>, seq: u64) -> Result<(), EngineError> {
+    pub async fn wait(&self, engine: &Mutex<SessionEngine>, seq: u64) -> Result<(), EngineError> {
         if let Some(cause) = self.failed() {
             return Err(EngineError::Durability(cause));
         }

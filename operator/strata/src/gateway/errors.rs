@@ -6,8 +6,8 @@ use bytes::Bytes;
 use serde_json::{Value, json};
 use strata_core::budget::BudgetExceeded;
 
-use super::conversation::Api;
-use super::engine::EngineError;
+use strata_core::session::EngineError;
+use strata_core::session::turn::Api;
 
 /// A request the gateway could not serve.
 #[derive(Debug, thiserror::Error)]

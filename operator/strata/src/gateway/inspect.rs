@@ -6,8 +6,8 @@ use std::sync::Mutex;
 use serde::Serialize;
 use strata_core::budget::ContextStatus;
 
-use super::conversation::Usage;
-use super::engine::{ChurnCause, SectionSummary};
+use strata_core::session::turn::Usage;
+use strata_core::session::{ChurnCause, SectionSummary};
 
 /// Requests kept for `GET /strata/v1/inspect`.
 pub const KEPT_REQUESTS: usize = 32;

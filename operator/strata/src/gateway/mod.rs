@@ -3,29 +3,18 @@
 //! model its memory tools.
 
 mod anthropic;
-mod body;
 pub mod config;
-pub mod conversation;
 mod durability;
-mod engine;
 mod errors;
-mod fragments;
 mod inspect;
-mod ledger;
-mod memory_tools;
 mod metrics;
 mod openai;
 mod pending;
 mod pipeline;
-mod render_anthropic;
-mod render_openai;
 mod reporter;
 mod response_cache;
 mod server;
 mod sse;
-mod tier1;
-mod tool_schema;
-mod transparent;
 mod upstream;
 
 use std::net::SocketAddr;
@@ -75,7 +64,7 @@ pub enum StartError {
         /// The data directory.
         path: PathBuf,
         /// The journal's (or state file's) error.
-        cause: engine::EngineError,
+        cause: strata_core::session::EngineError,
     },
     /// The HTTP client cannot be built.
     #[error(transparent)]
@@ -137,8 +126,15 @@ fn serve(listener: TcpListener, router: axum::Router, mut stop: watch::Receiver<
 /// error), binds both listeners and starts serving.
 pub async fn start(args: &GatewayArgs) -> Result<RunningGateway, StartError> {
     let settings = config::Settings::load(&args.config)?;
-    let engine = engine::Engine::open(&args.data_dir, &settings)
-        .map_err(|cause| StartError::DataDir { path: args.data_dir.clone(), cause })?;
+    let engine = strata_core::session::SessionEngine::open(
+        &args.data_dir,
+        &settings.session,
+        strata_core::session::now_ms(),
+    )
+    .map_err(|cause| StartError::DataDir { path: args.data_dir.clone(), cause })?;
+    if let Some((path, bytes)) = engine.torn_record() {
+        tracing::warn!(path = %path.display(), bytes, "journal: truncated a torn final record");
+    }
     let upstream =
         upstream::Upstream::new(Duration::from_secs(u64::from(settings.config.upstream.timeout_seconds)))?;
     let live = config::LiveSettings::new(settings);

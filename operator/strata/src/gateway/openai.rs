@@ -5,25 +5,18 @@ use std::collections::HashMap;
 
 use bytes::Bytes;
 use serde_json::{Value, json};
-use strata_core::entry::{Content, Role, ToolCall, ToolResult};
+use strata_core::entry::ToolCall;
+use strata_core::session::openai_messages::parse_messages;
 
-use super::conversation::{Api, AssistantOutput, ChatRequest, Turn, Usage, text_of};
 use super::errors::GatewayError;
 use super::sse;
-use super::tool_schema::is_memory_tool;
+use strata_core::session::tool_schema::is_memory_tool;
+use strata_core::session::turn::{Api, AssistantOutput, ChatRequest, Usage, text_of};
 
 const CONSUMED_FIELDS: [&str; 5] = ["messages", "tools", "stream", "stream_options", "model"];
 
 fn bad(message: impl Into<String>) -> GatewayError {
     GatewayError::BadRequest(message.into())
-}
-
-fn message_text(index: usize, message: &Value) -> Result<String, GatewayError> {
-    text_of(message.get("content").unwrap_or(&Value::Null)).map_err(|part| {
-        bad(format!(
-            "messages[{index}].content: part type {part} is not supported; the gateway journals text only"
-        ))
-    })
 }
 
 /// Parses a `POST /v1/chat/completions` body.
@@ -42,55 +35,7 @@ pub fn parse_request(body: &[u8]) -> Result<ChatRequest, GatewayError> {
     let Some(Value::Array(messages)) = fields.get("messages") else {
         return Err(bad("`messages` is required and must be an array"));
     };
-    let mut system = Vec::new();
-    let mut turns = Vec::with_capacity(messages.len());
-    for (index, message) in messages.iter().enumerate() {
-        let role = message.get("role").and_then(Value::as_str).unwrap_or_default();
-        match role {
-            "system" | "developer" => system.push(message_text(index, message)?),
-            "user" => {
-                turns.push(Turn { role: Role::User, content: Content::text(message_text(index, message)?) })
-            }
-            "assistant" => {
-                let mut content = Content::text(message_text(index, message)?);
-                if let Some(calls) = message.get("tool_calls").and_then(Value::as_array) {
-                    for (call_index, call) in calls.iter().enumerate() {
-                        let field = |name: &str| {
-                            call.get(name)
-                                .or_else(|| call.get("function").and_then(|f| f.get(name)))
-                                .and_then(Value::as_str)
-                                .ok_or_else(|| {
-                                    bad(format!(
-                                        "messages[{index}].tool_calls[{call_index}]: missing string `{name}`"
-                                    ))
-                                })
-                        };
-                        content.tool_calls.push(ToolCall {
-                            call_id: field("id")?.to_owned(),
-                            name: field("name")?.to_owned(),
-                            arguments_json: field("arguments")?.to_owned(),
-                        });
-                    }
-                }
-                turns.push(Turn { role: Role::Assistant, content });
-            }
-            "tool" => {
-                let call_id = message
-                    .get("tool_call_id")
-                    .and_then(Value::as_str)
-                    .ok_or_else(|| bad(format!("messages[{index}]: a tool message needs `tool_call_id`")))?;
-                let output = message_text(index, message)?;
-                turns.push(Turn {
-                    role: Role::Tool,
-                    content: Content {
-                        tool_results: vec![ToolResult { call_id: call_id.to_owned(), name: None, output }],
-                        ..Content::default()
-                    },
-                });
-            }
-            other => return Err(bad(format!("messages[{index}]: role {other:?} is not supported"))),
-        }
-    }
+    let parsed = parse_messages(messages).map_err(bad)?;
     let stream = fields.get("stream").and_then(Value::as_bool).unwrap_or(false);
     let wants_usage = fields
         .get("stream_options")
@@ -108,8 +53,8 @@ pub fn parse_request(body: &[u8]) -> Result<ChatRequest, GatewayError> {
     Ok(ChatRequest {
         api: Api::OpenAi,
         stream,
-        system_text: system.join("\n\n"),
-        turns,
+        system_text: parsed.system.join("\n\n"),
+        turns: parsed.turns,
         tools,
         params: fields,
         wants_usage,

@@ -6,7 +6,7 @@ use std::sync::Mutex;
 use axum::http::HeaderMap;
 use bytes::Bytes;
 
-use super::conversation::Api;
+use strata_core::session::turn::Api;
 
 /// Blocked requests kept at most; the oldest is forgotten first.
 pub const MAX_PENDING: usize = 64;

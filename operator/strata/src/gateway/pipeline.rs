@@ -18,24 +18,25 @@ use bytes::Bytes;
 use futures::StreamExt;
 use serde_json::{Map, Value};
 use strata_api::agent::{Provider, SessionMode};
-use strata_core::budget::{Admission, BudgetExceeded, BudgetLevel, OperationId, OperationRequest};
-use strata_core::entry::{Content, Role, ToolResult};
+use strata_core::budget::{BudgetLevel, OperationId};
+use strata_core::session::tool_schema::is_memory_tool;
+use strata_core::session::transparent::ChainHash;
+use strata_core::session::{
+    Api, AssistantOutput, ChatRequest, EngineError, SessionEngine, Turn, TurnOutcome, TurnRequest,
+    UpstreamCall, Usage, now_ms,
+};
 use tokio::sync::mpsc;
 
 use super::config::{LiveSettings, Settings};
-use super::conversation::{Api, AssistantOutput, ChatRequest, Turn, Usage};
 use super::durability::Durability;
-use super::engine::{Engine, EngineError, UpstreamCall, now_ms};
 use super::errors::GatewayError;
 use super::inspect::{InspectLog, RequestRecord, RoundRecord, cache_outcome};
 use super::metrics::Metrics;
 use super::pending::PendingOperations;
 use super::response_cache::{self, CacheKey, CachedAnswer, ResponseCache};
 use super::sse::{SseEvent, SseParser};
-use super::tool_schema::is_memory_tool;
-use super::transparent::{ChainHash, chain};
 use super::upstream::Upstream;
-use super::{anthropic, memory_tools, openai};
+use super::{anthropic, openai};
 
 /// Upstream calls per client request at most (memory-tool rounds included).
 pub const MAX_ROUNDS: usize = 8;
@@ -49,7 +50,7 @@ pub struct Gateway {
     /// The settings in force.
     pub live: LiveSettings,
     /// The agent's context.
-    pub engine: Mutex<Engine>,
+    pub engine: Mutex<SessionEngine>,
     /// Group commit of the engine's writes.
     pub durability: Durability,
     /// The upstream client.
@@ -67,7 +68,7 @@ pub struct Gateway {
 }
 
 impl Gateway {
-    fn lock_engine(&self) -> MutexGuard<'_, Engine> {
+    fn lock_engine(&self) -> MutexGuard<'_, SessionEngine> {
         match self.engine.lock() {
             Ok(guard) => guard,
             Err(poisoned) => poisoned.into_inner(),
@@ -77,12 +78,15 @@ impl Gateway {
     /// Runs `work` on the engine and returns once its writes are durable.
     pub async fn with_engine<T>(
         &self,
-        work: impl FnOnce(&mut Engine) -> Result<T, EngineError>,
+        work: impl FnOnce(&mut SessionEngine) -> Result<T, EngineError>,
     ) -> Result<T, EngineError> {
         let (value, seq) = {
             let mut engine = self.lock_engine();
-            let value = work(&mut engine)?;
-            (value, engine.appended_seq())
+            let value = work(&mut engine);
+            for warning in engine.take_warnings() {
+                tracing::warn!(%warning, "session engine");
+            }
+            (value?, engine.appended_seq())
         };
         self.durability.wait(&self.engine, seq).await?;
         Ok(value)
@@ -139,13 +143,9 @@ fn level_value(level: BudgetLevel) -> i64 {
     }
 }
 
-/// New input this large (in tokens) counts as a high-volume operation: a result about the size of
-/// an unspilled tool output at the spill threshold (about 4 characters per token).
-fn high_volume_tokens(settings: &Settings) -> u64 {
-    (settings.spill.max_result_chars as u64 / 4).max(1)
-}
-
-fn upstream_head(settings: &Settings, request: &ChatRequest) -> Map<String, Value> {
+/// The upstream body's leading fields: the client's parameters, the model, streaming and the
+/// provider's cache hint.
+pub fn upstream_head(settings: &Settings, request: &ChatRequest) -> Map<String, Value> {
     let mut head = request.params.clone();
     head.insert("model".into(), settings.config.upstream.model.clone().into());
     if request.stream {
@@ -164,20 +164,6 @@ fn upstream_head(settings: &Settings, request: &ChatRequest) -> Map<String, Valu
         head.insert("stream_options".into(), serde_json::json!({"include_usage": true}));
     }
     head
-}
-
-/// What the engine thread decided about a request's new turns.
-enum Intake {
-    /// Journaled.
-    Admitted {
-        new_entries: usize,
-        spilled_bytes: u64,
-        deduplicated: u64,
-        chain_tail: Option<ChainHash>,
-        first_call: Box<UpstreamCall>,
-    },
-    /// Blocked by the budget; nothing was journaled.
-    Blocked(BudgetExceeded),
 }
 
 async fn prepare(
@@ -212,57 +198,43 @@ async fn prepare(
         overhead_micros: 0,
         outcome: String::new(),
     };
+    let head = upstream_head(&settings, &request);
     let work_settings = Arc::clone(&settings);
     let operation = operation_id.clone();
-    let head = upstream_head(&settings, &request);
     let work_head = head.clone();
-    let (request, intake) = gateway
+    let (request, outcome) = gateway
         .with_engine(move |engine| {
-            let settings = work_settings;
-            engine.refresh(&settings, false)?;
-            engine.prepare_prefix(&settings, &request.system_text, &request.tools)?;
-            let (first_new, chains) = engine.new_turns(&request.turns, transparent);
-            let now = now_ms();
-            let mut drafts = Vec::with_capacity(request.turns.len() - first_new);
-            let mut spilled_bytes = 0;
-            for turn in &request.turns[first_new..] {
-                let (draft, spilled) = engine.draft(&settings, turn, now)?;
-                spilled_bytes += spilled;
-                drafts.push(draft);
-            }
-            let estimated_tokens: u64 = drafts.iter().map(|draft| draft.tokens).sum();
-            let admission = OperationRequest {
+            let turn = TurnRequest {
+                request: &request,
+                transparent,
                 operation_id: operation,
-                estimated_tokens,
-                high_volume: estimated_tokens >= high_volume_tokens(&settings),
+                head: work_head,
+                now_ms: now_ms(),
             };
-            if let Admission::Blocked(notice) = engine.admit(&settings, &admission)? {
-                return Ok((request, Intake::Blocked(notice)));
-            }
-            let new_entries = drafts.len();
-            let deduplicated = engine.append(drafts)?;
-            engine.remember_chain(&chains)?;
-            let chain_tail = transparent.then(|| chains.last().copied().unwrap_or([0; 32]));
-            let first_call = Box::new(engine.plan_call(&settings, work_head)?);
-            Ok((
-                request,
-                Intake::Admitted { new_entries, spilled_bytes, deduplicated, chain_tail, first_call },
-            ))
+            let outcome = engine.begin_turn(&work_settings.session, turn)?;
+            Ok((request, outcome))
         })
         .await?;
-    let (new_entries, spilled_bytes, deduplicated, chain_tail, first_call) = match intake {
-        Intake::Admitted { new_entries, spilled_bytes, deduplicated, chain_tail, first_call } => {
-            (new_entries, spilled_bytes, deduplicated, chain_tail, first_call)
-        }
-        Intake::Blocked(notice) => {
+    let admitted = match outcome {
+        TurnOutcome::Admitted(admitted) => admitted,
+        TurnOutcome::Blocked(notice) => {
             gateway.metrics.blocked_operations.inc();
             gateway.pending.insert(operation_id.as_str(), api, headers.clone(), body.clone());
             record.outcome = "blocked".into();
             record.overhead_micros = elapsed_micros(started.elapsed());
             gateway.inspect.push(record);
-            return Err(GatewayError::Blocked(Box::new(notice)));
+            return Err(GatewayError::Blocked(notice));
         }
     };
+    let admitted = *admitted;
+    let (new_entries, spilled_bytes, deduplicated, chain_tail, first_call) = (
+        admitted.new_entries,
+        admitted.spilled_bytes,
+        admitted.deduplicated,
+        admitted.chain_tail,
+        Box::new(admitted.first_call),
+    );
+    gateway.metrics.compactions.inc_by(admitted.compactions);
     record.new_entries = new_entries;
     gateway.pending.remove(operation_id.as_str());
     gateway.metrics.spilled_bytes.inc_by(spilled_bytes);
@@ -291,7 +263,7 @@ async fn plan(gateway: &Gateway, prepared: &mut Prepared) -> Result<UpstreamCall
         None => {
             let settings = Arc::clone(&prepared.settings);
             let head = prepared.head.clone();
-            gateway.with_engine(move |engine| engine.plan_call(&settings, head)).await?
+            gateway.with_engine(move |engine| engine.next_call(&settings.session, head)).await?
         }
     };
     gateway.metrics.churn.with_label_values(&[call.churn.label()]).inc();
@@ -302,69 +274,30 @@ async fn plan(gateway: &Gateway, prepared: &mut Prepared) -> Result<UpstreamCall
     Ok(call)
 }
 
-/// What running a round's memory tools did.
-#[derive(Default)]
-struct MemoryEffects {
-    purges: u64,
-    compactions: u64,
-    elided_tokens: u64,
-}
-
-/// Journals one round's answer, learns from its usage and runs its memory tools. Returns whether
-/// the round only called memory tools (the gateway calls the model again).
+/// Journals one round's answer through the engine (which learns from its usage and runs its
+/// memory tools) and records the round. Returns whether the round only called memory tools (the
+/// gateway calls the model again).
 async fn record_round(
     gateway: &Gateway,
     prepared: &mut Prepared,
-    call: UpstreamCall,
+    mut call: UpstreamCall,
     output: &AssistantOutput,
     upstream_time: Duration,
     total: &mut Usage,
 ) -> Result<bool, GatewayError> {
     let started = Instant::now();
     let settings = Arc::clone(&prepared.settings);
-    let memory_calls: Vec<_> =
-        output.tool_calls.iter().filter(|c| is_memory_tool(&c.name)).cloned().collect();
-    let internal = !memory_calls.is_empty() && memory_calls.len() == output.tool_calls.len();
-    let content = Content {
-        text: output.text.clone(),
-        tool_calls: output.tool_calls.clone(),
-        tool_results: Vec::new(),
-    };
-    let usage = output.usage;
-    let estimated = call.status.tokens;
-    let calls = memory_calls.clone();
-    let effects = gateway
+    let answer = output.clone();
+    let (effects, call) = gateway
         .with_engine(move |engine| {
-            engine.append_own(&settings, Role::Assistant, content)?;
-            if let Some(usage) = usage {
-                engine.observe_usage(estimated, usage.prompt_tokens)?;
-            }
-            engine.expire_ephemeral(&settings, super::engine::now_ms())?;
-            let mut effects = MemoryEffects {
-                elided_tokens: engine.elide_old_results(&settings)?,
-                ..MemoryEffects::default()
-            };
-            for memory_call in &calls {
-                let outcome = memory_tools::execute(engine, &settings, memory_call)?;
-                effects.purges += u64::from(outcome.purged);
-                effects.compactions += u64::from(outcome.compacted);
-                let result = ToolResult {
-                    call_id: memory_call.call_id.clone(),
-                    name: Some(memory_call.name.clone()),
-                    output: outcome.output,
-                };
-                engine.append_own(
-                    &settings,
-                    Role::Tool,
-                    Content { tool_results: vec![result], ..Content::default() },
-                )?;
-            }
-            Ok(effects)
+            let effects = engine.record_answer(&settings.session, &call, &answer, now_ms())?;
+            call.blocks = Vec::new();
+            Ok((effects, call))
         })
         .await?;
     let metrics = &gateway.metrics;
-    for memory_call in &memory_calls {
-        metrics.memory_tool_calls.with_label_values(&[memory_call.name.as_str()]).inc();
+    for name in &effects.memory_calls {
+        metrics.memory_tool_calls.with_label_values(&[name.as_str()]).inc();
     }
     metrics.purges.inc_by(effects.purges);
     metrics.elided_tokens.inc_by(effects.elided_tokens);
@@ -385,18 +318,18 @@ async fn record_round(
         status: call.status,
         usage: output.usage,
         cache_outcome: cache_outcome(output.usage.as_ref()),
-        memory_calls: memory_calls.iter().map(|c| c.name.clone()).collect(),
+        memory_calls: effects.memory_calls,
         upstream_micros: elapsed_micros(upstream_time),
     });
     prepared.overhead += started.elapsed();
-    Ok(internal)
+    Ok(effects.internal)
 }
 
 /// Remembers the answer the client saw, so its echo in the next transparent request is recognised.
 async fn remember_answer(gateway: &Gateway, prepared: &Prepared, visible: &Turn) -> Result<(), GatewayError> {
-    if let Some(tail) = prepared.chain_tail {
-        let value = chain(&tail, visible);
-        gateway.with_engine(move |engine| engine.remember_chain(&[value])).await?;
+    if prepared.chain_tail.is_some() {
+        let (tail, visible) = (prepared.chain_tail, visible.clone());
+        gateway.with_engine(move |engine| engine.remember_answer(tail, &visible)).await?;
     }
     Ok(())
 }

@@ -13,8 +13,8 @@ use strata_api::Agent;
 use strata_core::budget::{BudgetLevel, ContextStatus};
 use strata_core::compaction::rfc3339;
 
-use super::engine::now_ms;
 use super::pipeline::Gateway;
+use strata_core::session::now_ms;
 
 /// The field manager of the gateway's status writes.
 pub const FIELD_MANAGER: &str = "strata.dev/gateway";
@@ -105,7 +105,7 @@ pub async fn run(gateway: Arc<Gateway>, target: ReportTarget) {
         ticker.tick().await;
         let settings = gateway.live.get();
         let for_engine = Arc::clone(&settings);
-        let status = match gateway.with_engine(move |engine| engine.status(&for_engine)).await {
+        let status = match gateway.with_engine(move |engine| engine.status(&for_engine.session)).await {
             Ok(status) => status,
             Err(error) => {
                 tracing::warn!(%error, "computing the context status for the Agent report");

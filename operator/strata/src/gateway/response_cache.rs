@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use sha2::{Digest, Sha256};
 
-use super::conversation::Api;
+use strata_core::session::turn::Api;
 
 /// Answers kept at most; expired ones are dropped first, then the oldest.
 pub const MAX_ENTRIES: usize = 256;

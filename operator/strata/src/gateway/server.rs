@@ -11,9 +11,10 @@ use axum::routing::{get, post};
 use serde_json::json;
 use strata_api::agent::Provider;
 
-use super::conversation::Api;
 use super::errors::{GatewayError, json_response};
 use super::pipeline::{Gateway, chat};
+use strata_core::session::now_ms;
+use strata_core::session::turn::Api;
 
 /// Requests shown by `GET /strata/v1/inspect` unless `?limit=` says otherwise.
 const DEFAULT_INSPECT_LIMIT: usize = 10;
@@ -124,7 +125,7 @@ async fn status(State(gateway): State<Arc<Gateway>>) -> Response {
         .with_engine(move |engine| {
             let journal = engine.journal();
             Ok((
-                engine.status(&for_engine)?,
+                engine.status(&for_engine.session)?,
                 journal.generation(),
                 journal.entries().len(),
                 journal.total_tokens(),
@@ -170,7 +171,10 @@ async fn inspect(State(gateway): State<Arc<Gateway>>, request: Request) -> Respo
         .unwrap_or(DEFAULT_INSPECT_LIMIT);
     let requests = gateway.inspect.last(limit);
     let settings = gateway.live.get();
-    match gateway.with_engine(move |engine| Ok((engine.decisions(), engine.lower_budgets(&settings)))).await {
+    match gateway
+        .with_engine(move |engine| Ok((engine.decisions(), engine.lower_budgets(&settings.session))))
+        .await
+    {
         Ok((decisions, lower_budgets)) => json_response(
             StatusCode::OK,
             &json!({"requests": requests, "decisions": decisions, "lowerBudgets": lower_budgets}),
@@ -188,7 +192,7 @@ async fn resume(State(gateway): State<Arc<Gateway>>, Path(id): Path<String>) -> 
         .into_response_for(api);
     };
     let settings = gateway.live.get();
-    if let Err(error) = gateway.with_engine(move |engine| engine.refresh(&settings, true)).await {
+    if let Err(error) = gateway.with_engine(move |engine| engine.refresh(&settings.session, true)).await {
         return GatewayError::from(error).into_response_for(pending.api);
     }
     match chat(Arc::clone(&gateway), pending.api, pending.headers, pending.body).await {
@@ -251,13 +255,7 @@ async fn compact(State(gateway): State<Arc<Gateway>>, request: Request) -> Respo
     let settings = gateway.live.get();
     let outcome = gateway
         .with_engine(move |engine| {
-            super::memory_tools::compact_in_process(
-                engine,
-                &settings,
-                mode,
-                reason,
-                parsed.resume_instruction,
-            )
+            engine.compact(&settings.session, mode, reason, parsed.resume_instruction, now_ms())
         })
         .await;
     match outcome {

@@ -6,9 +6,9 @@ use axum::http::{HeaderMap, HeaderValue, header};
 use bytes::Bytes;
 use strata_api::agent::Provider;
 
-use super::body::ChunkedBody;
 use super::config::Settings;
 use super::errors::GatewayError;
+use strata_core::session::render::body::ChunkedBody;
 
 /// The Anthropic API version sent when the client names none.
 pub const DEFAULT_ANTHROPIC_VERSION: &str = "2023-06-01";

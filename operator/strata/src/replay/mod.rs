@@ -26,7 +26,8 @@ pub struct ReplayArgs {
     /// Input format: auto, mini-swe-agent, pi-session or openai-messages.
     #[arg(long, default_value = "auto", value_parser = ["auto", "mini-swe-agent", "pi-session", "openai-messages"])]
     pub format: String,
-    /// A ContextPolicy YAML for the strata policy; the built-in defaults otherwise.
+    /// A ContextPolicy YAML for the strata policy; the built-in defaults (as the gateway applies
+    /// them) otherwise.
     #[arg(long)]
     pub policy: Option<PathBuf>,
     /// Whose prefix-cache rules price the calls.
@@ -76,11 +77,8 @@ pub struct ReplayReport {
 /// Run `strata replay`; returns whether every input replayed.
 pub fn run(args: &ReplayArgs) -> anyhow::Result<bool> {
     let provider = if args.provider == "openai" { Provider::OpenAi } else { Provider::Anthropic };
-    let mut options =
-        ReplayOptions { provider, context_window: args.context_window, ..ReplayOptions::default() };
-    if let Some(path) = &args.policy {
-        policy_file::apply(path, args.context_window, &mut options)?;
-    }
+    let strata = policy_file::session_settings(args.policy.as_deref(), provider, args.context_window)?;
+    let options = ReplayOptions { provider, strata, ..ReplayOptions::default() };
     let counter = TokenCounter::new(TokenizerKind::O200kBase).context("loading the o200k_base tokenizer")?;
     let format = InputFormat::from_name(&args.format).unwrap_or(InputFormat::Auto);
 

@@ -1,17 +1,49 @@
-//! `--policy FILE`: a ContextPolicy YAML, resolved over the built-in defaults into replay settings.
+//! The strata policy's engine settings: a ContextPolicy YAML (`--policy`) or the built-in
+//! defaults, resolved into the effective policy and translated exactly as the gateway does.
 
 use std::collections::BTreeMap;
 use std::path::Path;
 
 use anyhow::Context;
 use strata_api::ContextPolicy;
-use strata_api::effective::{PolicyInputs, resolve};
-use strata_core::replay::ReplayOptions;
+use strata_api::agent::{Provider as UpstreamProvider, Tokenizer};
+use strata_api::effective::{EffectivePolicy, PolicyInputs, resolve};
+use strata_core::replay::Provider;
+use strata_core::session::SessionSettings;
 
 use crate::engine_policy;
 
-/// Read `path` and apply its effective policy to `options`.
-pub fn apply(path: &Path, context_window: u64, options: &mut ReplayOptions) -> anyhow::Result<()> {
+/// Tenant of replay artifacts.
+const REPLAY_TENANT: &str = "replay";
+
+/// The engine settings for `provider` and `context_window` under the policy at `path` (the
+/// built-in defaults without one).
+pub fn session_settings(
+    path: Option<&Path>,
+    provider: Provider,
+    context_window: u64,
+) -> anyhow::Result<SessionSettings> {
+    let window = u32::try_from(context_window).unwrap_or(u32::MAX);
+    let effective = match path {
+        Some(path) => read_policy(path, window)?,
+        None => EffectivePolicy::default(),
+    };
+    let upstream = match provider {
+        Provider::Anthropic => UpstreamProvider::Anthropic,
+        Provider::OpenAi => UpstreamProvider::OpenAI,
+    };
+    engine_policy::session_settings(
+        &effective,
+        upstream,
+        window,
+        Tokenizer::O200kBase,
+        REPLAY_TENANT,
+        REPLAY_TENANT,
+    )
+    .context("translating the policy into engine settings")
+}
+
+fn read_policy(path: &Path, window: u32) -> anyhow::Result<EffectivePolicy> {
     let text =
         std::fs::read_to_string(path).with_context(|| format!("reading the policy {}", path.display()))?;
     let policy: ContextPolicy = serde_saphyr::from_str(&text).with_context(|| {
@@ -20,7 +52,6 @@ pub fn apply(path: &Path, context_window: u64, options: &mut ReplayOptions) -> a
             path.display()
         )
     })?;
-    let window = u32::try_from(context_window).unwrap_or(u32::MAX);
     let resolution = resolve(&PolicyInputs {
         namespace_labels: &BTreeMap::new(),
         cluster_policies: &[],
@@ -29,17 +60,5 @@ pub fn apply(path: &Path, context_window: u64, options: &mut ReplayOptions) -> a
         context_window: Some(window),
     })
     .with_context(|| format!("resolving the policy {}", path.display()))?;
-    let effective = resolution.policy;
-    options.budget = engine_policy::budget_policy(&effective.budget);
-    let strata = &mut options.strata;
-    strata.spill = engine_policy::spill_policy(&effective.tool_results);
-    strata.elision = engine_policy::elision_policy(&effective.tool_results);
-    strata.retention_rules = engine_policy::retention_rules(&effective.retention)
-        .context("reading the policy's retention rules")?;
-    strata.automatic_compaction = effective.compaction.automatic;
-    strata.compaction_trigger_percent = effective.compaction.trigger_percent;
-    strata.compaction.keep_recent_entries = effective.compaction.keep_recent_entries as usize;
-    strata.compaction.max_summary_tokens = u64::from(effective.compaction.summarizer.max_summary_tokens);
-    strata.redaction = effective.redaction.enabled;
-    Ok(())
+    Ok(resolution.policy)
 }

@@ -89,6 +89,11 @@ impl FakeUpstream {
         self.state.script.lock().unwrap().extend(replies);
     }
 
+    /// Drops the replies not used yet.
+    pub fn unscript(&self) {
+        self.state.script.lock().unwrap().clear();
+    }
+
     /// Every request received so far.
     pub fn seen(&self) -> Vec<Seen> {
         self.state.seen.lock().unwrap().clone()

@@ -3,23 +3,16 @@
 //! output, never to the client.
 
 use serde_json::Value;
-use strata_api::agent::Provider;
-use strata_core::compaction::{
-    CompactionError, CompactionMode, CompactionRecord, CompactionRequest, CompactionSettings, QualityCheck,
-    compact_extractive, write_record,
-};
-use strata_core::economics::CachePricing;
-use strata_core::entry::{EntryId, ToolCall};
-use strata_core::journal::StdStorage;
-use strata_core::purge::{PurgeRequest, purge};
-use strata_core::tool_output::{READ_OUTPUT_TOOL_NAME, ReadRequest, read_output};
 
-use super::config::Settings;
-use super::engine::{Engine, EngineError, now_ms};
+use crate::compaction::{CompactionMode, QualityCheck};
+use crate::economics::expected_remaining_calls;
+use crate::entry::{EntryId, ToolCall};
+use crate::purge::{PurgeRequest, purge};
+use crate::tool_output::{READ_OUTPUT_TOOL_NAME, ReadRequest, read_output};
+
+use super::engine::{EngineError, SessionEngine};
+use super::settings::SessionSettings;
 use super::tool_schema::{COMPACT_TOOL_NAME, PURGE_TOOL_NAME};
-
-/// Model calls expected before the prompt changes anyway, for purge economics.
-const REMAINING_CALLS_ESTIMATE: u64 = 20;
 
 /// What one memory-tool call did.
 #[derive(Debug)]
@@ -52,9 +45,10 @@ fn parse_purge(arguments: &str) -> Result<PurgeRequest, String> {
 
 /// Runs `call` (whose name is a memory tool) against the agent's context.
 pub fn execute(
-    engine: &mut Engine,
-    settings: &Settings,
+    engine: &mut SessionEngine,
+    settings: &SessionSettings,
     call: &ToolCall,
+    now_ms: u64,
 ) -> Result<MemoryOutcome, EngineError> {
     if call.name == READ_OUTPUT_TOOL_NAME {
         let output = match ReadRequest::from_arguments_json(&call.arguments_json) {
@@ -67,7 +61,7 @@ pub fn execute(
         return Ok(MemoryOutcome { output, purged: false, compacted: false });
     }
     if call.name == COMPACT_TOOL_NAME {
-        return compact(engine, settings, &call.arguments_json);
+        return compact(engine, settings, &call.arguments_json, now_ms);
     }
     if call.name != PURGE_TOOL_NAME {
         return Ok(MemoryOutcome {
@@ -86,10 +80,7 @@ pub fn execute(
             });
         }
     };
-    let pricing = match settings.provider() {
-        Provider::Anthropic => CachePricing::ANTHROPIC,
-        Provider::OpenAI | Provider::OpenAICompatible => CachePricing::OPENAI,
-    };
+    let remaining_calls = expected_remaining_calls(engine.calls());
     let (journal, store, counter) = engine.parts_mut();
     let result = purge(
         journal,
@@ -97,9 +88,9 @@ pub fn execute(
         &settings.tenant,
         &request,
         counter,
-        now_ms(),
-        REMAINING_CALLS_ESTIMATE,
-        pricing,
+        now_ms,
+        remaining_calls,
+        settings.pricing(),
     );
     match result {
         Ok(outcome) => {
@@ -124,7 +115,7 @@ pub fn execute(
                 compacted: false,
             })
         }
-        Err(strata_core::purge::PurgeError::Journal(error)) => Err(EngineError::Journal(error)),
+        Err(crate::purge::PurgeError::Journal(error)) => Err(EngineError::Journal(error)),
         Err(error) => Ok(MemoryOutcome {
             output: format!("strata_purge failed: {error}"),
             purged: false,
@@ -133,63 +124,26 @@ pub fn execute(
     }
 }
 
-fn compaction_settings(settings: &Settings) -> CompactionSettings {
-    let policy = &settings.config.policy.compaction;
-    let privacy_scope = &settings.config.agent.privacy_scope;
-    crate::engine_policy::compaction_settings(policy, privacy_scope).unwrap_or_else(|_| CompactionSettings {
-        privacy_scope: privacy_scope.clone(),
-        ..CompactionSettings::default()
-    })
-}
-
-/// Compacts the agent's context in-process, under the same preservation check and record as
-/// `strata compact`; the record is written beside the journal. A compaction that cannot run
-/// (e.g. an empty journal) is returned as `Ok(Err(..))`; journal failures are engine errors.
-pub fn compact_in_process(
-    engine: &mut Engine,
-    settings: &Settings,
-    mode: CompactionMode,
-    reason: String,
-    resume_instruction: Option<String>,
-) -> Result<Result<CompactionRecord, CompactionError>, EngineError> {
-    let request = CompactionRequest {
-        mode,
-        reason: Some(reason),
-        resume_instruction: resume_instruction.filter(|text| !text.trim().is_empty()),
-        settings: compaction_settings(settings),
-        now_ms: now_ms(),
-    };
-    let (journal, store, counter) = engine.parts_mut();
-    let record = match compact_extractive(journal, store, &settings.tenant, request, counter) {
-        Ok(record) => record,
-        Err(CompactionError::Journal(error)) => return Err(EngineError::Journal(error)),
-        Err(error) => return Ok(Err(error)),
-    };
-    if let Err(error) = write_record(&StdStorage, journal.dir(), &record) {
-        tracing::warn!(%error, "writing the compaction record");
-    }
-    if record.result_generation != record.source_generation {
-        engine.after_rewrite()?;
-    }
-    Ok(Ok(record))
-}
-
-fn compact(engine: &mut Engine, settings: &Settings, arguments: &str) -> Result<MemoryOutcome, EngineError> {
+fn compact(
+    engine: &mut SessionEngine,
+    settings: &SessionSettings,
+    arguments: &str,
+    now_ms: u64,
+) -> Result<MemoryOutcome, EngineError> {
     let instruction = serde_json::from_str::<Value>(arguments)
         .ok()
         .and_then(|value| value.get("resume_instruction").and_then(Value::as_str).map(str::to_owned));
     let reason = "requested by the model through strata_compact_context".to_owned();
-    let record =
-        match compact_in_process(engine, settings, CompactionMode::TaskBoundary, reason, instruction)? {
-            Ok(record) => record,
-            Err(error) => {
-                return Ok(MemoryOutcome {
-                    output: format!("strata_compact_context failed: {error}"),
-                    purged: false,
-                    compacted: false,
-                });
-            }
-        };
+    let record = match engine.compact(settings, CompactionMode::TaskBoundary, reason, instruction, now_ms)? {
+        Ok(record) => record,
+        Err(error) => {
+            return Ok(MemoryOutcome {
+                output: format!("strata_compact_context failed: {error}"),
+                purged: false,
+                compacted: false,
+            });
+        }
+    };
     let compacted = record.result_generation != record.source_generation;
     let output = match (record.quality_check, compacted) {
         (QualityCheck::Passed, true) => format!(

@@ -1,7 +1,7 @@
 //! Provider-neutral request and response shapes shared by the OpenAI and Anthropic adapters.
 
+use crate::entry::{Content, EntryKind, Role, ToolCall};
 use serde_json::{Map, Value};
-use strata_core::entry::{Content, EntryKind, Role, ToolCall};
 
 /// Which client-facing API a request came in on.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -1,10 +1,10 @@
 //! Tier 1 as provider JSON: the system text and the ordered tool list, serialised once per prefix change.
 
+use crate::prefix::{SectionClass, StablePrefix};
 use bytes::Bytes;
 use serde_json::{Value, json};
-use strata_core::prefix::{SectionClass, StablePrefix};
 
-use super::conversation::Api;
+use crate::session::turn::Api;
 
 /// `cache_control` marker of an Anthropic breakpoint.
 pub fn ephemeral() -> Value {

@@ -1,5 +1,5 @@
-//! One agent's context state: the journal, the incremental compiler, Tier 1, the session index and
-//! the rendering caches, with the operations the request pipeline performs on them.
+//! [`SessionEngine`]: one agent's context state (journal, incremental compiler, Tier 1, the
+//! transparent-session index, the rendering caches) and the turn-level operations on it.
 
 use std::collections::{BTreeMap, HashSet};
 use std::path::{Path, PathBuf};
@@ -9,36 +9,59 @@ use std::time::{Duration, Instant};
 use serde::Serialize;
 use serde_json::{Map, Value};
 use sha2::{Digest, Sha256};
-use strata_core::artifacts::{ArtifactError, ArtifactStore};
-use strata_core::budget::{Admission, ContextBudget, ContextStatus, OperationRequest};
-use strata_core::compiler::{
-    BreakpointPlacement, CompileError, ContextCompiler, InclusionDecision, InclusionReason, SyncOutcome,
-    Treatment,
+
+use crate::artifacts::{ArtifactError, ArtifactRef, ArtifactStore};
+use crate::budget::{Admission, BudgetExceeded, ContextBudget, ContextStatus, OperationId, OperationRequest};
+use crate::compaction::{
+    CompactionError, CompactionMode, CompactionRecord, CompactionRequest, compact_extractive, write_record,
 };
-use strata_core::dedup::{DedupIndex, render_duplicate};
-use strata_core::economics::CachePricing;
-use strata_core::entry::{Content, Entry, EntryDraft, EntryId, EntryKind, RetentionClass, Role, ToolResult};
-use strata_core::journal::{Journal, JournalError, JournalOptions, StdStorage, Storage, SyncPolicy};
-use strata_core::prefix::{PrefixError, StablePrefix, StablePrefixSources, ToolOrderError, ToolRegistry};
-use strata_core::retention::{ExpiryPolicy, plan_expiry};
-use strata_core::tokens::{Calibration, TokenCounter, TokenizerError};
-use strata_core::tool_output::{ElisionPolicy, ToolOutputError, elide_entry, plan_elision, spill};
+use crate::compiler::{
+    BreakpointPlacement, CompileError, ContextCompiler, InclusionDecision, InclusionReason, Packet,
+    SyncOutcome, Treatment,
+};
+use crate::dedup::{DedupIndex, render_duplicate};
+use crate::economics::expected_remaining_calls;
+use crate::entry::{Content, Entry, EntryDraft, EntryId, EntryKind, RetentionClass, Role, ToolResult};
+use crate::journal::sim::SimStorage;
+use crate::journal::{Journal, JournalError, JournalOptions, StdStorage, Storage, SyncPolicy};
+use crate::prefix::{PrefixError, StablePrefix, StablePrefixSources, ToolOrderError, ToolRegistry};
+use crate::replay::pricing::{Block, block_hash};
+use crate::retention::plan_expiry;
+use crate::tokens::{Calibration, TokenCounter, TokenizerError};
+use crate::tool_output::{ToolOutputError, elide_entry, plan_elision, spill};
 
-use super::body::{Assembly, ChunkedBody};
-use super::config::Settings;
-use super::conversation::{Api, Turn};
-use super::fragments::FragmentCache;
-use super::ledger::CallLedger;
-use super::tier1::Tier1Json;
-use super::tool_schema::{memory_tools, to_api_shape};
-use super::transparent::{ChainHash, IndexError, TransparentIndex};
-use super::{render_anthropic, render_openai};
-
-/// Model calls expected before the prompt changes anyway, for the economics of rewrites.
-const REMAINING_CALLS_ESTIMATE: u64 = 20;
+use super::memory_tools;
+use super::render::body::{Assembly, ChunkedBody};
+use super::render::fragments::FragmentCache;
+use super::render::ledger::CallLedger;
+use super::render::tier1::Tier1Json;
+use super::render::{anthropic as render_anthropic, openai as render_openai};
+use super::settings::SessionSettings;
+use super::state::StateDir;
+use super::tool_schema::{is_memory_tool, memory_tools, to_api_shape};
+use super::transparent::{ChainHash, IndexError, TransparentIndex, chain};
+use super::turn::{Api, AssistantOutput, ChatRequest, Turn};
 
 /// Cross-process compaction proposals are picked up at most this often.
 const REFRESH_INTERVAL: Duration = Duration::from_secs(1);
+
+/// Artifacts that moved off-window, each with the text it must read back as.
+type Offloaded = Vec<(ArtifactRef, String)>;
+
+/// Entries a treatment changed and the tokens it saves per later call.
+#[derive(Debug, Default, Clone, Copy)]
+struct Treated {
+    entries: u64,
+    tokens: u64,
+}
+
+/// A request's new turns as journal drafts.
+#[derive(Debug, Default)]
+struct Drafts {
+    drafts: Vec<EntryDraft>,
+    spilled_bytes: u64,
+    offloaded: Offloaded,
+}
 
 /// A failure of the context engine.
 #[derive(Debug, thiserror::Error)]
@@ -70,8 +93,8 @@ pub enum EngineError {
     /// Appended entries could not be made durable.
     #[error("journal fsync failed: {0}")]
     Durability(String),
-    /// A gateway state file failed.
-    #[error("gateway state file {path}: {reason}")]
+    /// An engine state file failed.
+    #[error("engine state file {path}: {reason}")]
     State {
         /// The file.
         path: PathBuf,
@@ -134,8 +157,10 @@ pub struct SectionSummary {
 /// One upstream call, ready to send.
 #[derive(Debug)]
 pub struct UpstreamCall {
-    /// Request body.
+    /// Request body in the provider's shape.
     pub body: ChunkedBody,
+    /// The prompt as priced: one block per cacheable unit in order (replay prices these).
+    pub blocks: Vec<Block>,
     /// Context status at compile time.
     pub status: ContextStatus,
     /// Sections for the inspector.
@@ -144,6 +169,79 @@ pub struct UpstreamCall {
     pub breakpoints: usize,
     /// Why the cached prefix changed, if it did.
     pub churn: ChurnCause,
+}
+
+/// The client's request as the engine takes it.
+#[derive(Debug)]
+pub struct TurnRequest<'a> {
+    /// The request in neutral form (system text, tools, messages).
+    pub request: &'a ChatRequest,
+    /// Whether the client resends its whole history (new turns are found by chain hash) rather
+    /// than only the new messages (a stateful session).
+    pub transparent: bool,
+    /// The operation, for admission and resume.
+    pub operation_id: OperationId,
+    /// The upstream body's leading fields (model, parameters, cache hints).
+    pub head: Map<String, Value>,
+    /// Now, unix milliseconds.
+    pub now_ms: u64,
+}
+
+/// A turn the engine admitted: its new entries are journaled and the first call is compiled.
+#[derive(Debug)]
+pub struct AdmittedTurn {
+    /// Entries journaled from the request.
+    pub new_entries: usize,
+    /// Bytes of tool output moved to the artifact store.
+    pub spilled_bytes: u64,
+    /// Tokens saved by deduplicating repeated outputs.
+    pub deduplicated: u64,
+    /// Outputs replaced by a reference to an identical earlier one.
+    pub deduplicated_outputs: u64,
+    /// Outputs spilled to the artifact store.
+    pub spilled_outputs: u64,
+    /// What moved off-window: each artifact with the text it must read back as.
+    pub offloaded: Vec<(ArtifactRef, String)>,
+    /// Compactions the engine ran to make room (automatic compaction).
+    pub compactions: u64,
+    /// Transparent sessions: the chain value after the request's last message, to which the
+    /// answer is chained once the client has seen it.
+    pub chain_tail: Option<ChainHash>,
+    /// The first upstream call.
+    pub first_call: UpstreamCall,
+}
+
+/// What the engine decided about a request.
+#[derive(Debug)]
+pub enum TurnOutcome {
+    /// Journaled and compiled.
+    Admitted(Box<AdmittedTurn>),
+    /// Blocked by the budget; nothing was journaled.
+    Blocked(Box<BudgetExceeded>),
+}
+
+/// What recording one round's answer did.
+#[derive(Debug, Default)]
+pub struct AnswerEffects {
+    /// The round called only memory tools: the engine answered them and the model must be called
+    /// again ([`SessionEngine::next_call`]).
+    pub internal: bool,
+    /// Names of the memory tools the round called, in order.
+    pub memory_calls: Vec<String>,
+    /// Purges run.
+    pub purges: u64,
+    /// Compactions run.
+    pub compactions: u64,
+    /// Tokens per later call saved by elision.
+    pub elided_tokens: u64,
+    /// Tokens per later call saved by retention expiry.
+    pub expired_tokens: u64,
+    /// Entries elided.
+    pub elided_entries: u64,
+    /// Entries expired.
+    pub expired_entries: u64,
+    /// What elision moved off-window: each artifact with the text it must read back as.
+    pub offloaded: Vec<(ArtifactRef, String)>,
 }
 
 /// One entry as `GET /strata/v1/entries` lists it.
@@ -173,16 +271,17 @@ pub struct EntrySummary {
 /// The lower limits the inspector simulates, in percent of the real limit.
 pub const LOWER_BUDGET_PERCENTS: &[u8] = &[75, 50, 25];
 
-/// The agent's context.
-pub struct Engine {
+/// One agent's context, and the only place that decides what the model sees.
+pub struct SessionEngine {
     journal: Journal,
+    storage: Arc<dyn Storage>,
     store: Arc<ArtifactStore>,
     counter: TokenCounter,
     compiler: ContextCompiler,
     placement: BreakpointPlacement,
     api: Api,
     registry: ToolRegistry,
-    state_dir: PathBuf,
+    state: StateDir,
     prefix_inputs: Option<[u8; 32]>,
     tier1: Tier1Json,
     transparent: TransparentIndex,
@@ -197,6 +296,9 @@ pub struct Engine {
     last_refresh: Instant,
     appended_seq: u64,
     index_unsynced: bool,
+    calls: u64,
+    torn_record: Option<(PathBuf, u64)>,
+    warnings: Vec<String>,
 }
 
 /// The files a group commit fsyncs, and the write count it covers.
@@ -208,29 +310,10 @@ pub struct DurableTarget {
     pub paths: Vec<PathBuf>,
 }
 
-impl std::fmt::Debug for Engine {
+impl std::fmt::Debug for SessionEngine {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Engine").field("journal", &self.journal).finish_non_exhaustive()
+        f.debug_struct("SessionEngine").field("journal", &self.journal).finish_non_exhaustive()
     }
-}
-
-fn state_error(path: &Path, reason: impl ToString) -> EngineError {
-    EngineError::State { path: path.to_owned(), reason: reason.to_string() }
-}
-
-fn read_state<T: serde::de::DeserializeOwned + Default>(path: &Path) -> Result<T, EngineError> {
-    match std::fs::read(path) {
-        Ok(bytes) => serde_json::from_slice(&bytes).map_err(|error| state_error(path, error)),
-        Err(error) if error.kind() == std::io::ErrorKind::NotFound => Ok(T::default()),
-        Err(error) => Err(state_error(path, error)),
-    }
-}
-
-fn write_state<T: Serialize>(path: &Path, value: &T) -> Result<(), EngineError> {
-    let bytes = serde_json::to_vec(value).map_err(|error| state_error(path, error))?;
-    let tmp = path.with_extension("tmp");
-    std::fs::write(&tmp, bytes).map_err(|error| state_error(&tmp, error))?;
-    std::fs::rename(&tmp, path).map_err(|error| state_error(path, error))
 }
 
 /// Current time in unix milliseconds.
@@ -250,46 +333,71 @@ fn role_name(role: Role) -> &'static str {
     }
 }
 
-impl Engine {
+const CALIBRATION_FILE: &str = "calibration.json";
+const REGISTRY_FILE: &str = "tool-registry.json";
+const ELIDED_FILE: &str = "elided.json";
+const EXPIRED_FILE: &str = "expired.json";
+
+impl SessionEngine {
     /// Opens the agent's data directory: the journal at its root (taking the writer lock), artifacts
-    /// under `artifacts/`, gateway state under `gateway/`.
-    pub fn open(data_dir: &Path, settings: &Settings) -> Result<Self, EngineError> {
+    /// under `artifacts/`, engine state under `gateway/`.
+    pub fn open(data_dir: &Path, settings: &SessionSettings, now_ms: u64) -> Result<Self, EngineError> {
         let storage: Arc<dyn Storage> = Arc::new(StdStorage);
+        let state = StateDir::on_disk(data_dir.join("gateway"))?;
+        let transparent = TransparentIndex::load(&data_dir.join("gateway").join("transparent-prefixes"))?;
         let options = JournalOptions {
             sync_policy: SyncPolicy::Batched { max_pending: 0 },
-            retain_generations: settings.config.policy.compaction.retain_generations as usize,
-            ..JournalOptions::new("strata gateway", now_ms())
+            retain_generations: settings.retain_generations,
+            ..JournalOptions::new("strata gateway", now_ms)
         };
+        Self::start(storage, data_dir, options, state, transparent, settings)
+    }
+
+    /// A session on an in-memory volume: nothing touches the disk (replay).
+    pub fn in_memory(settings: &SessionSettings, now_ms: u64) -> Result<Self, EngineError> {
+        let storage: Arc<dyn Storage> = Arc::new(SimStorage::new());
+        let mut options = JournalOptions::new("strata replay", now_ms);
+        options.sync_policy = SyncPolicy::Batched { max_pending: 1 << 20 };
+        options.retain_generations = settings.retain_generations;
+        Self::start(
+            storage,
+            Path::new("/data"),
+            options,
+            StateDir::in_memory(),
+            TransparentIndex::in_memory(),
+            settings,
+        )
+    }
+
+    fn start(
+        storage: Arc<dyn Storage>,
+        data_dir: &Path,
+        options: JournalOptions,
+        state: StateDir,
+        transparent: TransparentIndex,
+        settings: &SessionSettings,
+    ) -> Result<Self, EngineError> {
         let (journal, report) = Journal::open(Arc::clone(&storage), data_dir, options)?;
-        if let Some(torn) = &report.truncated {
-            tracing::warn!(path = %torn.path.display(), bytes = torn.bytes, "journal: truncated a torn final record");
-        }
-        let store = Arc::new(ArtifactStore::new(storage, data_dir.join("artifacts")));
-        let state_dir = data_dir.join("gateway");
-        std::fs::create_dir_all(&state_dir).map_err(|error| state_error(&state_dir, error))?;
-        let calibration: Option<Calibration> = read_state(&state_dir.join("calibration.json"))?;
-        let counter = TokenCounter::with_calibration(settings.tokenizer(), calibration.unwrap_or_default())?;
-        let registry: Option<ToolRegistry> = read_state(&state_dir.join("tool-registry.json"))?;
-        let transparent = TransparentIndex::load(&state_dir.join("transparent-prefixes"))?;
-        let elided: Option<HashSet<EntryId>> = read_state(&state_dir.join("elided.json"))?;
-        let elided = elided.unwrap_or_default();
-        let expired: Option<HashSet<EntryId>> = read_state(&state_dir.join("expired.json"))?;
-        let expired = expired.unwrap_or_default();
-        let api = match settings.provider() {
-            strata_api::agent::Provider::Anthropic => Api::Anthropic,
-            _ => Api::OpenAi,
-        };
+        let torn_record = report.truncated.as_ref().map(|torn| (torn.path.clone(), torn.bytes));
+        let store = Arc::new(ArtifactStore::new(Arc::clone(&storage), data_dir.join("artifacts")));
+        let calibration: Option<Calibration> = state.read(CALIBRATION_FILE)?;
+        let counter = TokenCounter::with_calibration(settings.tokenizer, calibration.unwrap_or_default())?;
+        let registry: Option<ToolRegistry> = state.read(REGISTRY_FILE)?;
+        let elided: Option<HashSet<EntryId>> = state.read(ELIDED_FILE)?;
+        let expired: Option<HashSet<EntryId>> = state.read(EXPIRED_FILE)?;
         let placeholder =
             StablePrefix::build(&StablePrefixSources::default(), &mut ToolRegistry::new(), &counter)?;
-        let mut engine = Engine {
+        let calls = journal.entries().iter().filter(|entry| entry.role == Role::Assistant).count() as u64;
+        let mut engine = SessionEngine {
             journal,
+            storage,
             store,
             counter,
             compiler: ContextCompiler::new(placeholder, settings.placement),
             placement: settings.placement,
-            api,
+            api: settings.api,
             registry: registry.unwrap_or_default(),
-            state_dir,
+            state,
             prefix_inputs: None,
             tier1: Tier1Json::default(),
             transparent,
@@ -298,17 +406,31 @@ impl Engine {
             fragments: FragmentCache::default(),
             assembly: Assembly::default(),
             tier2_epoch: 0,
-            elided,
-            expired,
+            elided: elided.unwrap_or_default(),
+            expired: expired.unwrap_or_default(),
             pending_churn: ChurnCause::Cold,
             last_refresh: Instant::now(),
             appended_seq: 0,
             index_unsynced: false,
+            calls,
+            torn_record,
+            warnings: Vec::new(),
         };
         engine.prepare_prefix(settings, "", &[])?;
         engine.rebuild_window(settings)?;
         engine.pending_churn = ChurnCause::Cold;
         Ok(engine)
+    }
+
+    /// The torn final journal record that opening truncated (file, bytes), if any.
+    pub fn torn_record(&self) -> Option<&(PathBuf, u64)> {
+        self.torn_record.as_ref()
+    }
+
+    /// Problems that did not fail an operation (e.g. a compaction record that could not be
+    /// written), for the caller to log; drained.
+    pub fn take_warnings(&mut self) -> Vec<String> {
+        std::mem::take(&mut self.warnings)
     }
 
     /// The artifact store.
@@ -321,8 +443,18 @@ impl Engine {
         &self.journal
     }
 
+    /// Upstream calls answered so far (the economics horizon of rewrites grows with it).
+    pub fn calls(&self) -> u64 {
+        self.calls
+    }
+
+    /// The token counter (calibrated).
+    pub fn counter(&self) -> &TokenCounter {
+        &self.counter
+    }
+
     /// Tier 2 rendered from scratch, with deduplication treatments for every repeated output.
-    fn rebuild_window(&mut self, settings: &Settings) -> Result<(), EngineError> {
+    fn rebuild_window(&mut self, settings: &SessionSettings) -> Result<(), EngineError> {
         self.compiler = ContextCompiler::new(self.compiler.prefix().clone(), self.placement);
         self.compiler.sync(self.journal.generation(), self.journal.entries(), &self.counter);
         self.ledger.rebuild(self.journal.entries());
@@ -347,7 +479,7 @@ impl Engine {
     }
 
     /// Applies a settings change that affects the compiler, and picks up cross-process compactions.
-    pub fn refresh(&mut self, settings: &Settings, force: bool) -> Result<(), EngineError> {
+    pub fn refresh(&mut self, settings: &SessionSettings, force: bool) -> Result<(), EngineError> {
         if settings.placement != self.placement {
             self.placement = settings.placement;
             self.rebuild_window(settings)?;
@@ -361,8 +493,8 @@ impl Engine {
         Ok(())
     }
 
-    /// Brings Tier 2 up to date with the journal; returns the tokens saved by deduplication.
-    fn sync_window(&mut self) -> Result<u64, EngineError> {
+    /// Brings Tier 2 up to date with the journal; returns what deduplication replaced.
+    fn sync_window(&mut self) -> Result<Treated, EngineError> {
         let entries = self.journal.entries();
         match self.compiler.sync(self.journal.generation(), entries, &self.counter) {
             SyncOutcome::Appended(count) => {
@@ -383,8 +515,9 @@ impl Engine {
                 if !batch.is_empty() {
                     self.tier2_epoch += 1;
                 }
+                let treated = Treated { entries: batch.len() as u64, tokens: saved };
                 self.compiler.apply_treatments(batch, entries, &self.counter)?;
-                Ok(saved)
+                Ok(treated)
             }
             SyncOutcome::Rebuilt(_) => {
                 let live: HashSet<EntryId> = entries.iter().map(|entry| entry.id).collect();
@@ -399,13 +532,9 @@ impl Engine {
                 if self.pending_churn == ChurnCause::None {
                     self.pending_churn = ChurnCause::HistoryRewrite;
                 }
-                Ok(0)
+                Ok(Treated::default())
             }
         }
-    }
-
-    fn elision_policy(settings: &Settings) -> ElisionPolicy {
-        crate::engine_policy::elision_policy(&settings.config.policy.tool_results)
     }
 
     fn elision_treatment(content: &Content) -> Treatment {
@@ -420,11 +549,11 @@ impl Engine {
     }
 
     /// Re-applies persisted elisions and expirations after the window was rebuilt from scratch (e.g. at start).
-    fn reapply_elisions(&mut self, settings: &Settings) -> Result<(), EngineError> {
+    fn reapply_elisions(&mut self, settings: &SessionSettings) -> Result<(), EngineError> {
         if self.elided.is_empty() && self.expired.is_empty() {
             return Ok(());
         }
-        let policy = Self::elision_policy(settings);
+        let policy = &settings.elision;
         let mut batch = BTreeMap::new();
         for entry in self.journal.entries().iter().filter(|entry| self.expired.contains(&entry.id)) {
             batch.insert(entry.id, Treatment::Omit);
@@ -435,7 +564,7 @@ impl Engine {
             .iter()
             .filter(|entry| self.elided.contains(&entry.id) && !self.expired.contains(&entry.id))
         {
-            let (content, _) = elide_entry(entry, &policy, &self.store, &settings.tenant)?;
+            let (content, _) = elide_entry(entry, policy, &self.store, &settings.tenant)?;
             batch.insert(entry.id, Self::elision_treatment(&content));
         }
         self.compiler.apply_treatments(batch, self.journal.entries(), &self.counter)?;
@@ -443,12 +572,9 @@ impl Engine {
     }
 
     /// Removes Ephemeral entries whose retention TTL has passed, in cache-aware batches (an entry
-    /// overdue by twice its TTL forces a batch). Returns the tokens removed per later call.
-    pub fn expire_ephemeral(&mut self, settings: &Settings, now_ms: u64) -> Result<u64, EngineError> {
-        let pricing = match settings.provider() {
-            strata_api::agent::Provider::Anthropic => CachePricing::ANTHROPIC,
-            _ => CachePricing::OPENAI,
-        };
+    /// overdue by twice its TTL forces a batch). Returns the entries and the tokens removed per
+    /// later call.
+    fn expire_ephemeral(&mut self, settings: &SessionSettings, now_ms: u64) -> Result<Treated, EngineError> {
         let entries = self.journal.entries();
         let ttl_of = |entry: &Entry| {
             if entry.retention != RetentionClass::Ephemeral {
@@ -464,11 +590,11 @@ impl Engine {
             now_ms,
             &self.expired,
             ttl_of,
-            &ExpiryPolicy::default(),
-            REMAINING_CALLS_ESTIMATE,
-            pricing,
+            &settings.expiry,
+            expected_remaining_calls(self.calls),
+            settings.pricing(),
         ) else {
-            return Ok(0);
+            return Ok(Treated::default());
         };
         let batch: BTreeMap<EntryId, Treatment> =
             planned.ids.iter().map(|id| (*id, Treatment::Omit)).collect();
@@ -478,34 +604,34 @@ impl Engine {
         if self.pending_churn == ChurnCause::None {
             self.pending_churn = ChurnCause::HistoryRewrite;
         }
-        write_state(&self.state_dir.join("expired.json"), &Some(&self.expired))?;
-        Ok(planned.saved_tokens)
+        self.state.write(EXPIRED_FILE, &Some(&self.expired))?;
+        Ok(Treated { entries: planned.ids.len() as u64, tokens: planned.saved_tokens })
     }
 
     /// Elides old large tool results when the batch pays for the cache rewrite (seed 002 #5).
-    /// Returns the tokens saved per later call.
-    pub fn elide_old_results(&mut self, settings: &Settings) -> Result<u64, EngineError> {
-        let policy = Self::elision_policy(settings);
-        let pricing = match settings.provider() {
-            strata_api::agent::Provider::Anthropic => CachePricing::ANTHROPIC,
-            _ => CachePricing::OPENAI,
-        };
+    /// Returns the entries and the tokens saved per later call, and what moved off-window.
+    fn elide_old_results(&mut self, settings: &SessionSettings) -> Result<(Treated, Offloaded), EngineError> {
+        let policy = &settings.elision;
         let counter = &self.counter;
         let entries = self.journal.entries();
         let Some(planned) = plan_elision(
             entries,
             &self.elided,
-            &policy,
+            policy,
             |text| u64::from(counter.count(text)),
-            REMAINING_CALLS_ESTIMATE,
-            pricing,
+            expected_remaining_calls(self.calls),
+            settings.pricing(),
         ) else {
-            return Ok(0);
+            return Ok((Treated::default(), Vec::new()));
         };
         let wanted: HashSet<EntryId> = planned.ids.iter().copied().collect();
         let mut batch = BTreeMap::new();
+        let mut offloaded = Vec::new();
         for entry in entries.iter().filter(|entry| wanted.contains(&entry.id)) {
-            let (content, _) = elide_entry(entry, &policy, &self.store, &settings.tenant)?;
+            let (content, refs) = elide_entry(entry, policy, &self.store, &settings.tenant)?;
+            for (data_ref, result) in refs.into_iter().zip(&entry.content.tool_results) {
+                offloaded.push((data_ref, result.output.clone()));
+            }
             batch.insert(entry.id, Self::elision_treatment(&content));
         }
         self.elided.extend(batch.keys().copied());
@@ -514,14 +640,14 @@ impl Engine {
         if self.pending_churn == ChurnCause::None {
             self.pending_churn = ChurnCause::HistoryRewrite;
         }
-        write_state(&self.state_dir.join("elided.json"), &Some(&self.elided))?;
-        Ok(planned.saved_tokens)
+        self.state.write(ELIDED_FILE, &Some(&self.elided))?;
+        Ok((Treated { entries: planned.ids.len() as u64, tokens: planned.saved_tokens }, offloaded))
     }
 
     /// Rebuilds Tier 1 when the configured sources, the client's system text or its tools changed.
     pub fn prepare_prefix(
         &mut self,
-        settings: &Settings,
+        settings: &SessionSettings,
         client_system: &str,
         client_tools: &[Value],
     ) -> Result<(), EngineError> {
@@ -537,18 +663,16 @@ impl Engine {
         if self.prefix_inputs == Some(inputs) {
             return Ok(());
         }
-        let configured = &settings.config.stable_prefix;
+        let configured = &settings.stable_prefix;
         let mut combined: Vec<Value> =
             configured.tools.iter().map(|tool| to_api_shape(self.api, tool)).collect();
-        let configured_names: Vec<String> = combined
-            .iter()
-            .filter_map(|tool| strata_core::prefix::tool_name(tool).map(str::to_owned))
-            .collect();
+        let configured_names: Vec<String> =
+            combined.iter().filter_map(|tool| crate::prefix::tool_name(tool).map(str::to_owned)).collect();
         combined.extend(
             client_tools
                 .iter()
                 .filter(|tool| {
-                    strata_core::prefix::tool_name(tool)
+                    crate::prefix::tool_name(tool)
                         .is_none_or(|name| !configured_names.iter().any(|n| n == name))
                 })
                 .cloned(),
@@ -569,7 +693,7 @@ impl Engine {
         };
         let prefix = StablePrefix::build(&sources, &mut ToolRegistry::new(), &self.counter)?;
         if registry != self.registry {
-            write_state(&self.state_dir.join("tool-registry.json"), &registry)?;
+            self.state.write(REGISTRY_FILE, &registry)?;
             self.registry = registry;
         }
         let old = self.compiler.prefix().manifest();
@@ -581,8 +705,8 @@ impl Engine {
                 .find(|(before, after)| before.source_hash != after.source_hash)
                 .map(|(before, _)| before.class);
             self.pending_churn = match changed {
-                Some(strata_core::prefix::SectionClass::System) => ChurnCause::System,
-                Some(strata_core::prefix::SectionClass::Tools) => ChurnCause::Tools,
+                Some(crate::prefix::SectionClass::System) => ChurnCause::System,
+                Some(crate::prefix::SectionClass::Tools) => ChurnCause::Tools,
                 _ => ChurnCause::Constants,
             };
         }
@@ -620,19 +744,22 @@ impl Engine {
     /// What a group commit must fsync to make every write up to now durable.
     pub fn durable_target(&mut self) -> DurableTarget {
         let mut paths = vec![self.journal.log_path()];
-        if std::mem::take(&mut self.index_unsynced) {
-            paths.push(self.transparent.path().to_owned());
+        if std::mem::take(&mut self.index_unsynced)
+            && let Some(path) = self.transparent.path()
+        {
+            paths.push(path.to_owned());
         }
         DurableTarget { seq: self.appended_seq, paths }
     }
 
     /// Journal draft of a client turn: redacted, tool outputs spilled, classified and counted.
-    pub fn draft(
+    fn draft(
         &self,
-        settings: &Settings,
+        settings: &SessionSettings,
         turn: &Turn,
         now: u64,
-    ) -> Result<(EntryDraft, u64), EngineError> {
+        out: &mut Drafts,
+    ) -> Result<(), EngineError> {
         let redact = |text: &str| match &settings.redactor {
             Some(redactor) => redactor.redact(text).text.into_owned(),
             None => text.to_owned(),
@@ -647,12 +774,12 @@ impl Engine {
             content.tool_calls.push(call);
         }
         let mut artifact_refs = Vec::new();
-        let mut spilled_bytes = 0;
         for result in &turn.content.tool_results {
             let output = redact(&result.output);
             let outcome = spill(&output, &settings.spill, &self.store, &settings.tenant)?;
             if let Some(data_ref) = outcome.data_ref {
-                spilled_bytes += output.len() as u64;
+                out.spilled_bytes += output.len() as u64;
+                out.offloaded.push((data_ref.clone(), output.clone()));
                 artifact_refs.push(data_ref);
             }
             counted.push('\n');
@@ -683,16 +810,21 @@ impl Engine {
             tokens,
             artifact_refs,
         };
-        Ok((draft, spilled_bytes))
+        out.drafts.push(draft);
+        Ok(())
     }
 
     /// The context status now.
-    pub fn status(&self, settings: &Settings) -> Result<ContextStatus, EngineError> {
+    pub fn status(&self, settings: &SessionSettings) -> Result<ContextStatus, EngineError> {
         Ok(self.compiler.compile(settings.limit, settings.budget)?.status)
     }
 
     /// Seed-000 admission of an operation adding `request.estimated_tokens` to the context.
-    pub fn admit(&self, settings: &Settings, request: &OperationRequest) -> Result<Admission, EngineError> {
+    pub fn admit(
+        &self,
+        settings: &SessionSettings,
+        request: &OperationRequest,
+    ) -> Result<Admission, EngineError> {
         let status = self.status(settings)?;
         let budget = ContextBudget::new(settings.limit, status.tokens, settings.budget)
             .map_err(|error| EngineError::Compile(CompileError::Budget(error)))?;
@@ -700,10 +832,10 @@ impl Engine {
     }
 
     /// Appends drafts and updates Tier 2 (durable after the next group commit).
-    /// Returns the tokens saved by deduplicating repeated outputs.
-    pub fn append(&mut self, drafts: Vec<EntryDraft>) -> Result<u64, EngineError> {
+    /// Returns what deduplicating repeated outputs replaced.
+    fn append(&mut self, drafts: Vec<EntryDraft>) -> Result<Treated, EngineError> {
         if drafts.is_empty() {
-            return Ok(0);
+            return Ok(Treated::default());
         }
         for draft in drafts {
             self.journal.append(draft)?;
@@ -715,9 +847,10 @@ impl Engine {
     /// Appends an entry produced by the gateway itself (assistant answer or memory-tool result).
     pub fn append_own(
         &mut self,
-        settings: &Settings,
+        settings: &SessionSettings,
         role: Role,
         content: Content,
+        now_ms: u64,
     ) -> Result<Entry, EngineError> {
         let redact = |text: &str| match &settings.redactor {
             Some(redactor) => redactor.redact(text).text.into_owned(),
@@ -754,7 +887,7 @@ impl Engine {
             tokens: u64::from(self.counter.count_message(role_name(role), &counted)),
             content,
             retention,
-            created_at_ms: now_ms(),
+            created_at_ms: now_ms,
             artifact_refs: Vec::new(),
         };
         let entry = self.journal.append(draft)?;
@@ -763,10 +896,11 @@ impl Engine {
         Ok(entry)
     }
 
-    /// Compiles the packet and serialises the upstream request around `head`.
-    pub fn plan_call(
+    /// Compiles the packet and serialises the upstream request around `head`: the next call of
+    /// the current turn (after a round that only called memory tools).
+    pub fn next_call(
         &mut self,
-        settings: &Settings,
+        settings: &SessionSettings,
         head: Map<String, Value>,
     ) -> Result<UpstreamCall, EngineError> {
         let packet = self.compiler.compile(settings.limit, settings.budget)?;
@@ -776,6 +910,7 @@ impl Engine {
             Api::OpenAi => render_openai::body(head, &self.tier1, &packet, fragments, assembly, ledger),
             Api::Anthropic => render_anthropic::body(head, &self.tier1, &packet, fragments, assembly, ledger),
         };
+        let blocks = prompt_blocks(&packet, &self.counter);
         let mut sections: Vec<SectionSummary> = packet
             .prefix
             .manifest()
@@ -806,6 +941,7 @@ impl Engine {
         });
         let call = UpstreamCall {
             body,
+            blocks,
             status: packet.status,
             sections,
             breakpoints: packet.breakpoints.len(),
@@ -828,19 +964,29 @@ impl Engine {
             u32::try_from(actual_prompt_tokens).unwrap_or(u32::MAX),
         );
         if *self.counter.calibration() != before {
-            write_state(&self.state_dir.join("calibration.json"), &Some(*self.counter.calibration()))?;
+            self.state.write(CALIBRATION_FILE, &Some(*self.counter.calibration()))?;
         }
         Ok(())
     }
 
     /// Mutable access for memory tools (journal, store, counter).
-    pub fn parts_mut(&mut self) -> (&mut Journal, &ArtifactStore, &TokenCounter) {
+    pub(super) fn parts_mut(&mut self) -> (&mut Journal, &ArtifactStore, &TokenCounter) {
         (&mut self.journal, &self.store, &self.counter)
     }
 
     /// Re-synchronises Tier 2 after a memory tool rewrote the journal.
-    pub fn after_rewrite(&mut self) -> Result<(), EngineError> {
+    pub(super) fn after_rewrite(&mut self) -> Result<(), EngineError> {
         self.sync_window().map(|_| ())
+    }
+
+    /// The text of the current context: Tier 1 and every included Tier-2 entry.
+    pub fn context_text(&self, settings: &SessionSettings) -> Result<String, EngineError> {
+        let packet = self.compiler.compile(settings.limit, settings.budget)?;
+        let mut context = packet.prefix.text();
+        for entry in packet.entries.iter().filter(|e| e.included) {
+            context.push_str(&entry.text);
+        }
+        Ok(context)
     }
 
     /// Every entry of the current generation with its window treatment.
@@ -870,7 +1016,7 @@ impl Engine {
     }
 
     /// What the current packet would lose under lower limits (75%, 50% and 25% of the real one).
-    pub fn lower_budgets(&self, settings: &Settings) -> Vec<strata_core::compiler::LowerBudgetOutcome> {
+    pub fn lower_budgets(&self, settings: &SessionSettings) -> Vec<crate::compiler::LowerBudgetOutcome> {
         self.compiler.simulate_lower_budgets(settings.limit, settings.budget, LOWER_BUDGET_PERCENTS)
     }
 
@@ -878,4 +1024,206 @@ impl Engine {
     pub fn decisions(&self) -> Vec<InclusionDecision> {
         self.compiler.decisions()
     }
+
+    /// Here is the client's request: journals its new turns (redacted, spilled, deduplicated),
+    /// admits them against the budget (compacting first when automatic compaction is on and the
+    /// context would block or has reached the trigger) and compiles the first upstream call.
+    pub fn begin_turn(
+        &mut self,
+        settings: &SessionSettings,
+        turn: TurnRequest<'_>,
+    ) -> Result<TurnOutcome, EngineError> {
+        let TurnRequest { request, transparent, operation_id, head, now_ms } = turn;
+        self.refresh(settings, false)?;
+        self.prepare_prefix(settings, &request.system_text, &request.tools)?;
+        let (first_new, chains) = self.new_turns(&request.turns, transparent);
+        let mut drafted = Drafts::default();
+        for turn in &request.turns[first_new..] {
+            self.draft(settings, turn, now_ms, &mut drafted)?;
+        }
+        let Drafts { drafts, spilled_bytes, offloaded } = drafted;
+        let estimated_tokens: u64 = drafts.iter().map(|draft| draft.tokens).sum();
+        let admission = OperationRequest {
+            operation_id,
+            estimated_tokens,
+            high_volume: estimated_tokens >= settings.high_volume_tokens(),
+        };
+        let mut compactions = 0;
+        if let Admission::Blocked(notice) = self.admit(settings, &admission)? {
+            if !settings.automatic_compaction {
+                return Ok(TurnOutcome::Blocked(Box::new(notice)));
+            }
+            compactions += u64::from(self.compact_for_budget(settings, now_ms)?);
+            if let Admission::Blocked(notice) = self.admit(settings, &admission)? {
+                return Ok(TurnOutcome::Blocked(Box::new(notice)));
+            }
+        }
+        let new_entries = drafts.len();
+        let deduplicated = self.append(drafts)?;
+        let spilled_outputs = offloaded.len() as u64;
+        self.remember_chain(&chains)?;
+        if settings.automatic_compaction && self.reached_trigger(settings) {
+            compactions += u64::from(self.compact_for_budget(settings, now_ms)?);
+        }
+        let chain_tail = transparent.then(|| chains.last().copied().unwrap_or([0; 32]));
+        let first_call = self.next_call(settings, head)?;
+        Ok(TurnOutcome::Admitted(Box::new(AdmittedTurn {
+            new_entries,
+            spilled_bytes,
+            deduplicated: deduplicated.tokens,
+            deduplicated_outputs: deduplicated.entries,
+            spilled_outputs,
+            offloaded,
+            compactions,
+            chain_tail,
+            first_call,
+        })))
+    }
+
+    /// Whether the context plus its reservations reached the compaction trigger.
+    fn reached_trigger(&self, settings: &SessionSettings) -> bool {
+        let used = self.compiler.context_tokens() + settings.reserved_tokens();
+        used >= settings.limit * u64::from(settings.compaction_trigger_percent) / 100
+    }
+
+    /// Budget compaction at the trigger; returns whether the journal was rewritten. A compaction
+    /// that cannot run (nothing to compact, summary rejected) leaves the context as it was.
+    fn compact_for_budget(&mut self, settings: &SessionSettings, now_ms: u64) -> Result<bool, EngineError> {
+        let reason = "the context reached the compaction trigger".to_owned();
+        Ok(match self.compact(settings, CompactionMode::Budget, reason, None, now_ms)? {
+            Ok(record) => record.result_generation != record.source_generation,
+            Err(_) => false,
+        })
+    }
+
+    /// Compacts the context in-process with the extractive summariser, under the same
+    /// preservation check and record as `strata compact`; the record is written beside the
+    /// journal. A compaction that cannot run (e.g. an empty journal) is returned as `Ok(Err(..))`;
+    /// journal failures are engine errors.
+    pub fn compact(
+        &mut self,
+        settings: &SessionSettings,
+        mode: CompactionMode,
+        reason: String,
+        resume_instruction: Option<String>,
+        now_ms: u64,
+    ) -> Result<Result<CompactionRecord, CompactionError>, EngineError> {
+        let request = CompactionRequest {
+            mode,
+            reason: Some(reason),
+            resume_instruction: resume_instruction.filter(|text| !text.trim().is_empty()),
+            settings: settings.compaction.clone(),
+            now_ms,
+        };
+        let record = match compact_extractive(
+            &mut self.journal,
+            &self.store,
+            &settings.tenant,
+            request,
+            &self.counter,
+        ) {
+            Ok(record) => record,
+            Err(CompactionError::Journal(error)) => return Err(EngineError::Journal(error)),
+            Err(error) => return Ok(Err(error)),
+        };
+        if let Err(error) = write_record(self.storage.as_ref(), self.journal.dir(), &record) {
+            self.warnings.push(format!("writing the compaction record {}: {error}", record.compaction_id));
+        }
+        if record.result_generation != record.source_generation {
+            self.after_rewrite()?;
+        }
+        Ok(Ok(record))
+    }
+
+    /// Here is what came back: journals the answer, learns from its usage, expires and elides
+    /// what no longer pays its way, and answers the memory tools the model called.
+    pub fn record_answer(
+        &mut self,
+        settings: &SessionSettings,
+        call: &UpstreamCall,
+        output: &AssistantOutput,
+        now_ms: u64,
+    ) -> Result<AnswerEffects, EngineError> {
+        let memory_calls: Vec<_> =
+            output.tool_calls.iter().filter(|c| is_memory_tool(&c.name)).cloned().collect();
+        let content = Content {
+            text: output.text.clone(),
+            tool_calls: output.tool_calls.clone(),
+            tool_results: Vec::new(),
+        };
+        self.append_own(settings, Role::Assistant, content, now_ms)?;
+        self.calls += 1;
+        if let Some(usage) = output.usage {
+            self.observe_usage(call.status.tokens, usage.prompt_tokens)?;
+        }
+        let expired = self.expire_ephemeral(settings, now_ms)?;
+        let (elided, offloaded) = self.elide_old_results(settings)?;
+        let mut effects = AnswerEffects {
+            internal: !memory_calls.is_empty() && memory_calls.len() == output.tool_calls.len(),
+            memory_calls: memory_calls.iter().map(|c| c.name.clone()).collect(),
+            expired_tokens: expired.tokens,
+            expired_entries: expired.entries,
+            elided_tokens: elided.tokens,
+            elided_entries: elided.entries,
+            offloaded,
+            ..AnswerEffects::default()
+        };
+        for memory_call in &memory_calls {
+            let outcome = memory_tools::execute(self, settings, memory_call, now_ms)?;
+            effects.purges += u64::from(outcome.purged);
+            effects.compactions += u64::from(outcome.compacted);
+            let result = ToolResult {
+                call_id: memory_call.call_id.clone(),
+                name: Some(memory_call.name.clone()),
+                output: outcome.output,
+            };
+            self.append_own(
+                settings,
+                Role::Tool,
+                Content { tool_results: vec![result], ..Content::default() },
+                now_ms,
+            )?;
+        }
+        Ok(effects)
+    }
+
+    /// Remembers the answer the client saw (transparent sessions), so its echo in the next request
+    /// is recognised as journaled.
+    pub fn remember_answer(
+        &mut self,
+        chain_tail: Option<ChainHash>,
+        visible: &Turn,
+    ) -> Result<(), EngineError> {
+        match chain_tail {
+            Some(tail) => self.remember_chain(&[chain(&tail, visible)]),
+            None => Ok(()),
+        }
+    }
+}
+
+/// The prompt's cacheable units in order, as providers price them.
+fn prompt_blocks(packet: &Packet<'_>, counter: &TokenCounter) -> Vec<Block> {
+    use crate::compiler::Breakpoint;
+    let mut blocks = Vec::with_capacity(packet.entries.len() + 2);
+    let prefix_text = packet.prefix.text();
+    if !prefix_text.is_empty() {
+        blocks.push(Block {
+            hash: block_hash(&prefix_text),
+            tokens: u64::from(packet.prefix.manifest().total_tokens),
+            breakpoint: packet.breakpoints.contains(&Breakpoint::Tier1),
+        });
+    }
+    for entry in packet.entries.iter().filter(|e| e.included) {
+        blocks.push(Block {
+            hash: block_hash(&entry.text),
+            tokens: entry.tokens,
+            breakpoint: packet.breakpoints.contains(&Breakpoint::Entry { id: entry.id }),
+        });
+    }
+    blocks.push(Block {
+        hash: block_hash(&packet.telemetry),
+        tokens: u64::from(counter.count(&packet.telemetry)),
+        breakpoint: false,
+    });
+    blocks
 }

@@ -1,8 +1,8 @@
 //! Per-entry cache of rendered provider JSON, so a request re-serialises only new or changed entries.
 
+use crate::compiler::{InclusionReason, RenderedEntry};
+use crate::entry::EntryId;
 use bytes::Bytes;
-use strata_core::compiler::{InclusionReason, RenderedEntry};
-use strata_core::entry::EntryId;
 
 /// One entry rendered as provider JSON.
 #[derive(Debug, Clone)]

@@ -3,10 +3,10 @@
 
 use std::collections::HashSet;
 
+use crate::compiler::{Breakpoint, Packet, RenderedEntry};
+use crate::entry::{EntryId, Role};
 use bytes::Bytes;
 use serde_json::{Map, Value, json};
-use strata_core::compiler::{Breakpoint, Packet, RenderedEntry};
-use strata_core::entry::{EntryId, Role};
 
 use super::body::{Assembly, ChunkedBody, Sink};
 use super::fragments::{FragmentCache, Rendered};

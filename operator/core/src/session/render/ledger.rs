@@ -3,7 +3,7 @@
 
 use std::collections::{HashMap, HashSet};
 
-use strata_core::entry::Entry;
+use crate::entry::Entry;
 
 /// Tool calls issued and answered in the current generation.
 #[derive(Debug, Default)]

@@ -11,10 +11,10 @@ use std::collections::HashSet;
 use std::io::Write;
 use std::path::{Path, PathBuf};
 
+use crate::entry::content_hash;
 use sha2::{Digest, Sha256};
-use strata_core::entry::content_hash;
 
-use super::conversation::Turn;
+use crate::session::turn::Turn;
 
 /// A chain value.
 pub type ChainHash = [u8; 32];
@@ -31,7 +31,7 @@ pub struct IndexError {
 #[derive(Debug)]
 pub struct TransparentIndex {
     known: HashSet<ChainHash>,
-    path: PathBuf,
+    path: Option<PathBuf>,
 }
 
 /// The chain value after `turn`, given the value before it.
@@ -43,6 +43,11 @@ pub fn chain(previous: &ChainHash, turn: &Turn) -> ChainHash {
 }
 
 impl TransparentIndex {
+    /// An index kept in memory only (replay).
+    pub fn in_memory() -> Self {
+        Self { known: HashSet::new(), path: None }
+    }
+
     /// Loads the index at `path` (absent means empty). Lines that are not 64 hex digits are a torn
     /// final write and are ignored.
     pub fn load(path: &Path) -> Result<Self, IndexError> {
@@ -60,7 +65,7 @@ impl TransparentIndex {
             Err(cause) if cause.kind() == std::io::ErrorKind::NotFound => {}
             Err(cause) => return Err(error(cause)),
         }
-        Ok(Self { known, path: path.to_owned() })
+        Ok(Self { known, path: Some(path.to_owned()) })
     }
 
     /// The chain values of `turns` and the index of the first turn that is not yet journaled.
@@ -88,18 +93,18 @@ impl TransparentIndex {
                 text.push('\n');
             }
         }
+        let Some(path) = &self.path else { return Ok(false) };
         if text.is_empty() {
             return Ok(false);
         }
-        let error = |cause| IndexError { path: self.path.clone(), cause };
-        let mut file =
-            std::fs::OpenOptions::new().create(true).append(true).open(&self.path).map_err(error)?;
+        let error = |cause| IndexError { path: path.clone(), cause };
+        let mut file = std::fs::OpenOptions::new().create(true).append(true).open(path).map_err(error)?;
         file.write_all(text.as_bytes()).map_err(error)?;
         Ok(true)
     }
 
-    /// The index file.
-    pub fn path(&self) -> &Path {
-        &self.path
+    /// The index file, when persisted.
+    pub fn path(&self) -> Option<&Path> {
+        self.path.as_deref()
     }
 }

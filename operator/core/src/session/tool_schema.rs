@@ -1,10 +1,10 @@
 //! Tool schemas: the memory tools the gateway adds, and conversion of configured tools to each API's shape.
 
+use crate::prefix::tool_name;
+use crate::tool_output::READ_OUTPUT_TOOL_NAME;
 use serde_json::{Value, json};
-use strata_core::prefix::tool_name;
-use strata_core::tool_output::READ_OUTPUT_TOOL_NAME;
 
-use super::conversation::Api;
+use crate::session::turn::Api;
 
 /// The memory tool that purges entries.
 pub const PURGE_TOOL_NAME: &str = "strata_purge";

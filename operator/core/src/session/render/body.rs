@@ -49,6 +49,21 @@ impl ChunkedBody {
         self.len
     }
 
+    /// Whether the body has no bytes.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// The whole body as one byte string (tests, replay).
+    pub fn to_vec(&self) -> Vec<u8> {
+        let mut out = Vec::with_capacity(self.len);
+        for chunk in &self.chunks {
+            out.extend_from_slice(chunk);
+        }
+        out.extend_from_slice(&self.pending);
+        out
+    }
+
     /// The chunks, for sending.
     pub fn into_chunks(mut self) -> Vec<Bytes> {
         self.flush();

@@ -1,8 +1,8 @@
 //! The upstream body of an OpenAI chat completion built from the compiled packet.
 
+use crate::compiler::{Packet, RenderedEntry};
+use crate::entry::Role;
 use serde_json::{Map, Value, json};
-use strata_core::compiler::{Packet, RenderedEntry};
-use strata_core::entry::Role;
 
 use super::body::{Assembly, ChunkedBody, Sink};
 use super::fragments::{FragmentCache, Rendered};

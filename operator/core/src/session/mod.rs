@@ -1,0 +1,25 @@
+//! The session engine: one agent's context and the only place that decides what the model sees.
+//!
+//! [`SessionEngine`] owns the journal, redaction, spill, deduplication, retention expiry, elision,
+//! the budget and admission, the compiler, compaction and the provider body renderers. Its API is
+//! the conversation: [`SessionEngine::begin_turn`] ("here is the client's request: what goes
+//! upstream now?"), [`SessionEngine::record_answer`] ("here is what came back") and
+//! [`SessionEngine::next_call`] for the rounds after a memory-tool call. The gateway drives it
+//! over HTTP; `strata replay` drives it call by call over recorded sessions.
+
+pub mod engine;
+pub mod memory_tools;
+pub mod openai_messages;
+pub mod render;
+pub mod settings;
+mod state;
+pub mod tool_schema;
+pub mod transparent;
+pub mod turn;
+
+pub use engine::{
+    AnswerEffects, ChurnCause, EngineError, EntrySummary, LOWER_BUDGET_PERCENTS, SectionSummary,
+    SessionEngine, TurnOutcome, TurnRequest, UpstreamCall, now_ms,
+};
+pub use settings::SessionSettings;
+pub use turn::{Api, AssistantOutput, ChatRequest, Turn, Usage};
