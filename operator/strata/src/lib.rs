@@ -5,5 +5,6 @@ pub mod controller;
 pub mod crdgen;
 pub mod engine_policy;
 pub mod gateway;
+pub mod inspector;
 pub mod plugin;
 pub mod replay;

@@ -193,3 +193,68 @@ async fn inspect_refuses_a_suspended_agent_and_proxies_to_a_running_one() {
             == format!("/api/v1/namespaces/{NAMESPACE}/pods/builder-0:9464/proxy/strata/v1/inspect"))
     );
 }
+
+#[tokio::test]
+async fn inspect_ui_forwards_the_inspector_through_the_pod_proxy() {
+    let proxy = format!("/api/v1/namespaces/{NAMESPACE}/pods/builder-0:9464/proxy/strata/v1/status");
+    let (client, server) = FakeApiServer::start(Box::new(move |seen| {
+        if seen.method != "GET" {
+            return None;
+        }
+        if seen.path.ends_with("/agents/builder") {
+            return Some((200, agent_with_status("builder", running(42))));
+        }
+        (seen.path == proxy).then(|| (200, json!({"context": {"tokens": 1234, "percent": 42}})))
+    }));
+    let (url_tx, url_rx) = tokio::sync::oneshot::channel::<String>();
+    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+    let serving = tokio::spawn(async move {
+        strata::plugin::ui::serve(
+            &client,
+            NAMESPACE,
+            "builder",
+            "127.0.0.1:0".parse().unwrap(),
+            move |url| url_tx.send(url.to_owned()).unwrap(),
+            async move {
+                let _ = stop_rx.await;
+            },
+        )
+        .await
+    });
+    let url = url_rx.await.unwrap();
+    assert!(url.ends_with("/strata/v1/ui"), "{url}");
+    let base = url.trim_end_matches("/strata/v1/ui").to_owned();
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let http = reqwest::Client::new();
+    let status: Value =
+        http.get(format!("{base}/strata/v1/status")).send().await.unwrap().json().await.unwrap();
+    assert_eq!(status["context"]["tokens"], 1234, "the gateway's JSON, as the pod proxy returned it");
+    let other = http.get(format!("{base}/api/v1/secrets")).send().await.unwrap();
+    assert_eq!(other.status(), 404, "only the Inspector's paths are forwarded");
+    let write = http.post(format!("{base}/strata/v1/compact")).send().await.unwrap();
+    assert_eq!(write.status(), 404, "nothing but GET is forwarded");
+    stop_tx.send(()).unwrap();
+    let out = serving.await.unwrap().unwrap();
+    assert!(out.contains("stopped forwarding"), "{out}");
+    assert_eq!(server.writes().len(), 0, "the UI never writes");
+}
+
+#[tokio::test]
+async fn inspect_ui_refuses_an_agent_that_is_not_running() {
+    let (client, _server) = FakeApiServer::start(Box::new(|seen| {
+        seen.path
+            .ends_with("/agents/builder")
+            .then(|| (200, agent_with_status("builder", json!({"phase": "Suspended"}))))
+    }));
+    let err = strata::plugin::ui::serve(
+        &client,
+        NAMESPACE,
+        "builder",
+        "127.0.0.1:0".parse().unwrap(),
+        |_| panic!("must not start serving"),
+        async {},
+    )
+    .await
+    .unwrap_err();
+    assert!(matches!(err, PluginError::NotRunning { .. }), "{err}");
+}

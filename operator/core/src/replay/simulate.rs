@@ -20,7 +20,8 @@ use crate::entry::Role;
 use crate::session::openai_messages::{parse_message, parse_messages};
 use crate::session::tool_schema::is_memory_tool;
 use crate::session::{
-    Api, AssistantOutput, ChatRequest, SessionEngine, SessionSettings, TurnOutcome, TurnRequest, UpstreamCall,
+    Api, AssistantOutput, ChatRequest, ContextEvent, SessionEngine, SessionSettings, TurnOutcome,
+    TurnRequest, UpstreamCall,
 };
 use crate::tokens::{MESSAGE_OVERHEAD_TOKENS, TokenCounter};
 
@@ -80,6 +81,9 @@ pub struct CallRecord {
     pub over_budget: bool,
     /// Whether a compaction ran before this call.
     pub compacted: bool,
+    /// What the engine did to the context at this call (strata only), as the Inspector marks it.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub events: Vec<ContextEvent>,
 }
 
 /// What a policy kept readable.
@@ -123,6 +127,10 @@ pub struct PolicyReport {
     /// Preservation (strata only).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub preservation: Option<Preservation>,
+    /// The engine's state after the last call (strata only), in the shape of the gateway's
+    /// `status`, `entries` and `inspect` endpoints, for `strata replay --html`.
+    #[serde(skip)]
+    pub final_view: Option<Value>,
 }
 
 impl PolicyReport {
@@ -139,6 +147,7 @@ impl PolicyReport {
             expirations: 0,
             deduplications: 0,
             preservation: None,
+            final_view: None,
         }
     }
 
@@ -147,11 +156,12 @@ impl PolicyReport {
         self.calls.iter().fold(CallCost::default(), |sum, c| sum + c.cost)
     }
 
-    fn record(&mut self, cost: CallCost, reserved: u64, window: u64, compacted: bool) {
+    fn record(&mut self, cost: CallCost, reserved: u64, window: u64, events: Vec<ContextEvent>) {
         let over_budget = cost.total + reserved > window;
         self.peak_context = self.peak_context.max(cost.total);
         self.calls_over_budget += u64::from(over_budget);
-        self.calls.push(CallRecord { call: self.calls.len(), cost, over_budget, compacted });
+        let compacted = events.contains(&ContextEvent::Compaction);
+        self.calls.push(CallRecord { call: self.calls.len(), cost, over_budget, compacted, events });
     }
 }
 
@@ -319,7 +329,7 @@ fn replay_anchor(
             calibration.recorded_cached_tokens += usage.cached_tokens;
             calibration.counted_prompt_tokens += cost.total;
         }
-        report.record(cost, reserved(&options.strata.budget), options.context_window(), false);
+        report.record(cost, reserved(&options.strata.budget), options.context_window(), Vec::new());
     }
     report.spills = spilled.len() as u64;
     report.elisions = elided.len() as u64;
@@ -412,20 +422,49 @@ pub fn replay_strata(
         let first_call = &admitted.first_call;
         observe(call, Some(first_call));
         let cost = cache.price(&first_call.blocks, now);
-        report.record(cost, reserved, settings.limit, admitted.compactions > 0);
+        let mut events = admitted.events();
         let answer = recorded_answer(end, &wires[end]).map_err(|e| fail(call, e))?;
         let effects = engine
             .record_answer(&settings, first_call, &answer, now)
             .map_err(|e| fail(call, e.to_string()))?;
         report.elisions += effects.elided_entries;
         report.expirations += effects.expired_entries;
+        events.extend(effects.events());
+        report.record(cost, reserved, settings.limit, events);
         stored.extend(effects.offloaded);
         engine
             .remember_answer(admitted.chain_tail, &answer.visible_turn(is_memory_tool))
             .map_err(|e| fail(call, e.to_string()))?;
     }
     report.preservation = Some(preservation(transcript, &engine, &settings, &stored));
+    report.final_view =
+        Some(final_view(transcript, &engine, &settings).map_err(|e| fail(times.len(), e.to_string()))?);
     Ok(report)
+}
+
+/// The engine after the session, as the gateway's `status`, `entries` and `inspect` endpoints show a
+/// live agent (the requests are added by the caller from the call records).
+fn final_view(
+    transcript: &Transcript,
+    engine: &SessionEngine,
+    settings: &SessionSettings,
+) -> Result<Value, crate::session::EngineError> {
+    let status = engine.status(settings)?;
+    let journal = engine.journal();
+    Ok(serde_json::json!({
+        "status": {
+            "agent": {"name": transcript.name, "namespace": "replay"},
+            "context": status,
+            "telemetry": status.telemetry_line(),
+            "generation": journal.generation(),
+            "entries": journal.entries().len(),
+            "journalTokens": journal.total_tokens(),
+            "sessionMode": "Transparent",
+            "budget": settings.budget,
+        },
+        "entries": {"generation": journal.generation(), "entries": engine.entry_summaries()},
+        "inspect": {"decisions": engine.decisions(), "lowerBudgets": engine.lower_budgets(settings)},
+    }))
 }
 
 /// What the strata policy kept readable: off-window outputs read back byte-exact, and decision

@@ -8,6 +8,7 @@
 //! over HTTP; `strata replay` drives it call by call over recorded sessions.
 
 pub mod engine;
+pub mod inspect;
 pub mod memory_tools;
 pub mod openai_messages;
 pub mod render;
@@ -21,5 +22,6 @@ pub use engine::{
     AnswerEffects, ChurnCause, EngineError, EntrySummary, LOWER_BUDGET_PERCENTS, SectionSummary,
     SessionEngine, TurnOutcome, TurnRequest, UpstreamCall, now_ms,
 };
+pub use inspect::{ContextEvent, EntryDetail};
 pub use settings::SessionSettings;
 pub use turn::{Api, AssistantOutput, ChatRequest, Turn, Usage};

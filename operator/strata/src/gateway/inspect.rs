@@ -5,6 +5,7 @@ use std::sync::Mutex;
 
 use serde::Serialize;
 use strata_core::budget::ContextStatus;
+use strata_core::session::ContextEvent;
 
 use strata_core::session::turn::Usage;
 use strata_core::session::{ChurnCause, SectionSummary};
@@ -30,6 +31,9 @@ pub struct RoundRecord {
     pub cache_outcome: &'static str,
     /// Memory tools the model called in this round.
     pub memory_calls: Vec<String>,
+    /// What Strata did to the context at this call: admitting the turn (spill, dedup, compaction)
+    /// and recording its answer (elision, expiry, purge, compaction).
+    pub events: Vec<ContextEvent>,
     /// Time waiting for the upstream, microseconds.
     pub upstream_micros: u64,
 }

@@ -22,8 +22,8 @@ use strata_core::budget::{BudgetLevel, OperationId};
 use strata_core::session::tool_schema::is_memory_tool;
 use strata_core::session::transparent::ChainHash;
 use strata_core::session::{
-    Api, AssistantOutput, ChatRequest, EngineError, SessionEngine, Turn, TurnOutcome, TurnRequest,
-    UpstreamCall, Usage, now_ms,
+    Api, AssistantOutput, ChatRequest, ContextEvent, EngineError, SessionEngine, Turn, TurnOutcome,
+    TurnRequest, UpstreamCall, Usage, now_ms,
 };
 use tokio::sync::mpsc;
 
@@ -103,6 +103,8 @@ struct Prepared {
     overhead: Duration,
     cache_key: Option<CacheKey>,
     first_call: Option<Box<UpstreamCall>>,
+    /// Events of admitting the turn, shown on its first round.
+    admission_events: Vec<ContextEvent>,
 }
 
 fn api_name(api: Api) -> &'static str {
@@ -227,6 +229,7 @@ async fn prepare(
         }
     };
     let admitted = *admitted;
+    let admission_events = admitted.events();
     let (new_entries, spilled_bytes, deduplicated, chain_tail, first_call) = (
         admitted.new_entries,
         admitted.spilled_bytes,
@@ -248,6 +251,7 @@ async fn prepare(
         record,
         overhead: started.elapsed(),
         cache_key: None,
+        admission_events,
     })
 }
 
@@ -311,6 +315,8 @@ async fn record_round(
     }
     metrics.upstream_calls.with_label_values(&["ok"]).inc();
     metrics.upstream_duration.observe(upstream_time.as_secs_f64());
+    let mut events = std::mem::take(&mut prepared.admission_events);
+    events.extend(effects.events());
     prepared.record.rounds.push(RoundRecord {
         sections: call.sections,
         breakpoints: call.breakpoints,
@@ -319,6 +325,7 @@ async fn record_round(
         usage: output.usage,
         cache_outcome: cache_outcome(output.usage.as_ref()),
         memory_calls: effects.memory_calls,
+        events,
         upstream_micros: elapsed_micros(upstream_time),
     });
     prepared.overhead += started.elapsed();

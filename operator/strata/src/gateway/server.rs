@@ -35,15 +35,47 @@ pub fn router(gateway: Arc<Gateway>) -> Router {
         .with_state(gateway)
 }
 
-/// The metrics router. It also serves the read-only status and inspect views, so that
-/// `kubectl strata inspect` can reach them through the apiserver's pod proxy (the API listener is
-/// loopback-only); neither shows message content.
+/// The metrics router. It also serves the read-only Context Inspector (the page and the JSON it
+/// reads), so that `kubectl strata inspect` can reach it through a port-forward or the apiserver's
+/// pod proxy (the API listener is loopback-only). In a cluster the agent's NetworkPolicy admits this
+/// port from the operator's namespace only. `entries/{id}` shows an entry's content, redacted as it
+/// was journaled.
 pub fn metrics_router(gateway: Arc<Gateway>) -> Router {
     Router::new()
         .route("/metrics", get(metrics))
         .route("/strata/v1/status", get(status))
         .route("/strata/v1/inspect", get(inspect))
+        .route("/strata/v1/entries", get(entries))
+        .route("/strata/v1/entries/{id}", get(entry))
+        .route("/strata/v1/ui", get(inspector_page))
         .with_state(gateway)
+}
+
+async fn inspector_page() -> Response {
+    let mut response = Response::new(Body::from(crate::inspector::PAGE));
+    let headers = response.headers_mut();
+    headers.insert(header::CONTENT_TYPE, HeaderValue::from_static("text/html; charset=utf-8"));
+    // Everything the page needs is inline; it may only fetch from this origin.
+    headers.insert(
+        header::CONTENT_SECURITY_POLICY,
+        HeaderValue::from_static(
+            "default-src 'none'; script-src 'unsafe-inline'; style-src 'unsafe-inline'; connect-src 'self'; img-src 'self' data:",
+        ),
+    );
+    headers.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
+    response
+}
+
+async fn entry(State(gateway): State<Arc<Gateway>>, Path(id): Path<String>) -> Response {
+    let lookup = id.clone();
+    match gateway.with_engine(move |engine| Ok(engine.entry_detail(&lookup))).await {
+        Ok(Some(detail)) => json_response(StatusCode::OK, &serde_json::to_value(&detail).unwrap_or_default()),
+        Ok(None) => GatewayError::NotFound(format!(
+            "no entry {id} in the live generation; GET /strata/v1/entries lists the entries"
+        ))
+        .into_response_for(provider_api(&gateway)),
+        Err(error) => GatewayError::from(error).into_response_for(provider_api(&gateway)),
+    }
 }
 
 async fn read_body(
@@ -144,6 +176,7 @@ async fn status(State(gateway): State<Arc<Gateway>>) -> Response {
                 "journalTokens": journal_tokens,
                 "cacheKeyShort": settings.config.cache_key_short,
                 "sessionMode": settings.config.session_mode,
+                "budget": settings.session.budget,
             }),
         ),
         Err(error) => GatewayError::from(error).into_response_for(provider_api(&gateway)),

@@ -1,11 +1,13 @@
 //! `kubectl strata`: the fleet from the command line, read from Agent status and the API.
 //!
-//! Every command returns its output as text, so the same code serves the binary and the tests.
+//! Every command returns its output as text, so the same code serves the binary and the tests;
+//! `inspect --ui` also prints its URL when it starts serving.
 
 mod error;
 mod jobs;
 mod policy;
 mod status;
+pub mod ui;
 
 use std::time::Duration;
 
@@ -46,6 +48,16 @@ pub enum PluginCommand {
     Inspect {
         /// The agent.
         agent: String,
+        /// Serve the Context Inspector page on a local port (forwarded through the pod proxy) and
+        /// print its URL, until interrupted.
+        #[arg(long)]
+        ui: bool,
+        /// Local port for `--ui` (0 picks a free one).
+        #[arg(long, default_value_t = 0, requires = "ui")]
+        port: u16,
+        /// With `--ui`: also open the URL in the desktop's browser (xdg-open or open).
+        #[arg(long, requires = "ui")]
+        open: bool,
     },
     /// Create a CompactionJob for an agent and follow it to the end.
     Compact {
@@ -94,7 +106,24 @@ pub async fn run(cli: &PluginCli, client: Client) -> Result<String, PluginError>
             status::status(&client, (!*all_namespaces).then_some(namespace.as_str()), agent.as_deref()).await
         }
         PluginCommand::Policy { agent } => policy::policy(&client, &namespace, agent).await,
-        PluginCommand::Inspect { agent } => status::inspect(&client, &namespace, agent).await,
+        PluginCommand::Inspect { agent, ui: false, .. } => status::inspect(&client, &namespace, agent).await,
+        PluginCommand::Inspect { agent, ui: true, port, open } => {
+            let listen = std::net::SocketAddr::from(([127, 0, 0, 1], *port));
+            let (open, shown) = (*open, format!("{namespace}/{agent}"));
+            let announce = move |url: &str| {
+                println!("Context Inspector of {shown}: {url}  (Ctrl-C stops forwarding)");
+                if open {
+                    open_in_browser(url);
+                }
+            };
+            let interrupted = async {
+                // Without a signal handler the process still stops on Ctrl-C, just less gracefully.
+                if tokio::signal::ctrl_c().await.is_err() {
+                    std::future::pending::<()>().await;
+                }
+            };
+            ui::serve(&client, &namespace, agent, listen, announce, interrupted).await
+        }
         PluginCommand::Compact { agent, mode, resume, reason, no_wait, timeout_seconds } => {
             let request = jobs::JobRequest {
                 agent,
@@ -118,4 +147,14 @@ pub async fn run(cli: &PluginCli, client: Client) -> Result<String, PluginError>
             jobs::run_job(&client, &namespace, &request, FOLLOW_INTERVAL).await
         }
     }
+}
+
+/// Opens `url` with the desktop's opener, when there is one; the URL is printed either way.
+fn open_in_browser(url: &str) {
+    for opener in ["xdg-open", "open"] {
+        if std::process::Command::new(opener).arg(url).spawn().is_ok() {
+            return;
+        }
+    }
+    eprintln!("no xdg-open or open found; open the URL above yourself");
 }

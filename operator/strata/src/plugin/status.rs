@@ -76,8 +76,8 @@ fn render_table(agents: &[Agent]) -> String {
 /// Port the gateway serves its read-only introspection on, beside `/metrics`.
 pub const INTROSPECTION_PORT: u16 = 9464;
 
-/// The gateway's `/strata/v1/inspect`, through the apiserver's pod proxy.
-pub async fn inspect(client: &Client, namespace: &str, agent: &str) -> Result<String, PluginError> {
+/// The pod of a running (or degraded) agent, whose gateway serves the Inspector.
+pub async fn running_pod(client: &Client, namespace: &str, agent: &str) -> Result<String, PluginError> {
     let agents: Api<Agent> = Api::namespaced(client.clone(), namespace);
     let found = agents
         .get(agent)
@@ -91,7 +91,12 @@ pub async fn inspect(client: &Client, namespace: &str, agent: &str) -> Result<St
             hint: "inspect reads the live gateway; unsuspend the agent or wait for its pod".into(),
         });
     }
-    let pod = format!("{agent}-0");
+    Ok(format!("{agent}-0"))
+}
+
+/// The gateway's `/strata/v1/inspect`, through the apiserver's pod proxy.
+pub async fn inspect(client: &Client, namespace: &str, agent: &str) -> Result<String, PluginError> {
+    let pod = running_pod(client, namespace, agent).await?;
     let path =
         format!("/api/v1/namespaces/{namespace}/pods/{pod}:{INTROSPECTION_PORT}/proxy/strata/v1/inspect");
     let request = http::Request::get(path)

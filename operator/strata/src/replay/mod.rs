@@ -1,6 +1,7 @@
 //! `strata replay`: what Strata would save on recorded agent sessions, priced the way providers
 //! bill prefix caching, next to the context policies people use today.
 
+mod html;
 mod inputs;
 mod plot;
 mod policy_file;
@@ -42,6 +43,10 @@ pub struct ReplayArgs {
     /// Write an SVG of context tokens per call, one line per policy, compactions marked.
     #[arg(long)]
     pub plot: Option<PathBuf>,
+    /// Write the Context Inspector page of the strata policy's run: one self-contained HTML file
+    /// per session (FILE itself for one session, FILE's stem plus the session's name otherwise).
+    #[arg(long, value_name = "FILE")]
+    pub html: Option<PathBuf>,
     /// Replay generated always-on fleet sessions (seed 003's shape) instead of files.
     #[arg(long)]
     pub synthetic_fleet: bool,
@@ -114,6 +119,15 @@ pub fn run(args: &ReplayArgs) -> anyhow::Result<bool> {
         let svg = plot::render(&series).map_err(|e| anyhow::anyhow!("drawing the plot: {e}"))?;
         std::fs::write(path, svg).with_context(|| format!("writing {}", path.display()))?;
         println!("plot: {}", path.display());
+    }
+    if let Some(path) = &args.html {
+        for session in &sessions {
+            let Some(view) = html::session_view(session, &args.provider) else { continue };
+            let page_path = html::page_path(path, &session.name, sessions.len());
+            std::fs::write(&page_path, crate::inspector::offline_page(&view))
+                .with_context(|| format!("writing {}", page_path.display()))?;
+            println!("inspector page: {}", page_path.display());
+        }
     }
     if let Some(path) = &args.report {
         let report = ReplayReport {
