@@ -28,6 +28,17 @@ pub enum Provider {
     OpenAi,
 }
 
+impl Provider {
+    /// What one output token costs, in fresh-input-token units: the ratio of the providers' list
+    /// prices for their current mid-tier models (Anthropic 5×, OpenAI 4×).
+    pub fn output_price_ratio(self) -> f64 {
+        match self {
+            Provider::Anthropic => 5.0,
+            Provider::OpenAi => 4.0,
+        }
+    }
+}
+
 /// Minimum cacheable prefix.
 pub const MIN_CACHEABLE_TOKENS: u64 = 1024;
 /// OpenAI's cache granularity above the minimum.

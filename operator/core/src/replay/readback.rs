@@ -186,18 +186,25 @@ impl ReadBackTracker {
     }
 
     /// Checks the output of model call `call` (its text and tool-call arguments, joined) against
-    /// every removal made before it. `prompt` is the text of that call's prompt: an anchor it contains
-    /// is not evidence. Each removal is reported at most once over the session.
-    pub fn observe_output(&mut self, call: usize, output: &str, prompt: &str) -> Vec<ReadBackUse> {
+    /// every removal made before it. `in_prompt` says whether that call's prompt contains a text: an
+    /// anchor it contains is not evidence. It is asked only about anchors the output contains, so a
+    /// caller can build the prompt text lazily. Each removal is reported at most once.
+    pub fn observe_output(
+        &mut self,
+        call: usize,
+        output: &str,
+        in_prompt: &mut dyn FnMut(&str) -> bool,
+    ) -> Vec<ReadBackUse> {
         let mut uses = Vec::new();
         if output.is_empty() {
             return uses;
         }
         for tracked in self.tracked.iter_mut().filter(|t| !t.charged && t.removal.removed_before_call <= call)
         {
-            let evidence = tracked.anchors.iter().find(|anchor| {
-                output.contains(anchor.text.as_str()) && !prompt.contains(anchor.text.as_str())
-            });
+            let evidence = tracked
+                .anchors
+                .iter()
+                .find(|anchor| output.contains(anchor.text.as_str()) && !in_prompt(anchor.text.as_str()));
             if let Some(evidence) = evidence {
                 tracked.charged = true;
                 uses.push(ReadBackUse {
@@ -246,6 +253,10 @@ impl ReadBackSummary {
 mod tests {
     use super::*;
 
+    fn observe(tracker: &mut ReadBackTracker, call: usize, output: &str, prompt: &str) -> Vec<ReadBackUse> {
+        tracker.observe_output(call, output, &mut |anchor| prompt.contains(anchor))
+    }
+
     fn removal(id: &str, call: usize, text: &str) -> Removal {
         Removal {
             id: id.into(),
@@ -287,10 +298,11 @@ mod tests {
             "header\n    raise ValueError('bad separability input')\nfooter",
         ));
         assert!(
-            tracker.observe_output(2, "raise ValueError('bad separability input')", "").is_empty(),
+            observe(&mut tracker, 2, "raise ValueError('bad separability input')", "").is_empty(),
             "not yet removed"
         );
-        let uses = tracker.observe_output(
+        let uses = observe(
+            &mut tracker,
             4,
             "The failing line is `raise ValueError('bad separability input')`.",
             "prompt",
@@ -299,9 +311,7 @@ mod tests {
         assert_eq!(uses[0].removal_id, "msg_7");
         assert_eq!(uses[0].evidence.kind, AnchorKind::QuotedLine);
         assert!(
-            tracker
-                .observe_output(5, "raise ValueError('bad separability input') again", "prompt")
-                .is_empty()
+            observe(&mut tracker, 5, "raise ValueError('bad separability input') again", "prompt").is_empty()
         );
         assert_eq!(tracker.pending(), 0);
     }
@@ -311,8 +321,8 @@ mod tests {
         let mut tracker = ReadBackTracker::new();
         tracker.removed(removal("msg_9", 1, "see operator/core/src/compiler/mod.rs"));
         let prompt = "[msg_2] earlier I opened operator/core/src/compiler/mod.rs";
-        assert!(tracker.observe_output(2, "edit operator/core/src/compiler/mod.rs", prompt).is_empty());
-        let uses = tracker.observe_output(3, "edit operator/core/src/compiler/mod.rs", "other prompt");
+        assert!(observe(&mut tracker, 2, "edit operator/core/src/compiler/mod.rs", prompt).is_empty());
+        let uses = observe(&mut tracker, 3, "edit operator/core/src/compiler/mod.rs", "other prompt");
         assert_eq!(uses.len(), 1, "once the prompt no longer has it, the use counts");
     }
 
@@ -322,7 +332,7 @@ mod tests {
         let mut masked = removal("obs_4", 2, "exit code 137 from worker_pool_7");
         masked.recoverable = false;
         tracker.removed(masked);
-        let uses = tracker.observe_output(3, "worker_pool_7 was killed", "");
+        let uses = observe(&mut tracker, 3, "worker_pool_7 was killed", "");
         assert_eq!(uses.len(), 1);
         assert!(!uses[0].recoverable);
     }

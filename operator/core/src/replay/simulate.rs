@@ -27,7 +27,30 @@ use crate::tokens::{MESSAGE_OVERHEAD_TOKENS, TokenCounter};
 
 use super::policies::{MessageIndex, PolicyKind, PolicySettings, Variant, anchor_variant, variant_text};
 use super::pricing::{Block, CallCost, Provider, ProviderCache, block_hash};
-use super::transcript::Transcript;
+use super::readback::{READ_BACK_OUTPUT_TOKENS, ReadBackSummary, ReadBackTracker, ReadBackUse, Removal};
+use super::transcript::{Transcript, TranscriptMessage};
+
+/// Uses of removed content kept per policy report as examples.
+const MAX_READ_BACK_EXAMPLES: usize = 3;
+
+/// Rough tokens of a removed text (the read-back slice is capped far below where this matters).
+fn approximate_tokens(text: &str) -> u64 {
+    (text.chars().count() as u64).div_ceil(4)
+}
+
+/// What the model wrote in an assistant message: its text and its tool calls' arguments.
+fn output_text(message: &TranscriptMessage) -> String {
+    let mut text = message.text.clone();
+    if let Some(calls) = message.wire.get("tool_calls").and_then(Value::as_array) {
+        for call in calls {
+            if let Some(arguments) = call.pointer("/function/arguments").and_then(Value::as_str) {
+                text.push('\n');
+                text.push_str(arguments);
+            }
+        }
+    }
+    text
+}
 
 /// Seconds between calls when the input has no timestamps.
 const DEFAULT_CALL_SPACING_MS: u64 = 30_000;
@@ -127,6 +150,11 @@ pub struct PolicyReport {
     /// Preservation (strata only).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub preservation: Option<Preservation>,
+    /// Later uses of content this policy removed, and what reading it back would have cost.
+    pub read_backs: ReadBackSummary,
+    /// The first few uses detected, with their evidence.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub read_back_examples: Vec<ReadBackUse>,
     /// The engine's state after the last call (strata only), in the shape of the gateway's
     /// `status`, `entries` and `inspect` endpoints, for `strata replay --html`.
     #[serde(skip)]
@@ -147,7 +175,42 @@ impl PolicyReport {
             expirations: 0,
             deduplications: 0,
             preservation: None,
+            read_backs: ReadBackSummary::default(),
+            read_back_examples: Vec::new(),
             final_view: None,
+        }
+    }
+
+    /// Sum of the calls' bills plus the read-backs charged.
+    pub fn units_with_read_backs(&self) -> f64 {
+        self.totals().units + self.read_backs.cost_units
+    }
+
+    /// Charges the uses detected at one call: each recoverable use one read-back round trip (the
+    /// call's prompt again, priced against the cache it just warmed, a short answer, and the slice
+    /// read back as fresh input), each unrecoverable one nothing but the count.
+    fn charge_read_backs(
+        &mut self,
+        uses: Vec<ReadBackUse>,
+        cache: &mut ProviderCache,
+        blocks: &[Block],
+        now_ms: u64,
+        provider: Provider,
+    ) {
+        for found in uses {
+            self.read_backs.uses_detected += 1;
+            if found.recoverable {
+                let repeat = cache.price(blocks, now_ms);
+                self.read_backs.read_backs += 1;
+                self.read_backs.cost_units += repeat.units
+                    + READ_BACK_OUTPUT_TOKENS as f64 * provider.output_price_ratio()
+                    + found.slice_tokens as f64;
+            } else {
+                self.read_backs.unrecoverable += 1;
+            }
+            if self.read_back_examples.len() < MAX_READ_BACK_EXAMPLES {
+                self.read_back_examples.push(found);
+            }
         }
     }
 
@@ -289,11 +352,20 @@ fn replay_anchor(
     let mut variants: HashMap<(usize, Variant), (u64, u64)> = HashMap::new();
     let mut spilled = HashSet::new();
     let mut elided = HashSet::new();
+    let mut tracker = ReadBackTracker::new();
+    let mut removed = vec![false; messages.len()];
     for (call, &(end, usage)) in transcript.calls.iter().enumerate() {
+        let mut newly_removed: Vec<(usize, bool)> = Vec::new();
         let mut build = |cleared: &[bool]| -> Vec<Block> {
             (0..end)
                 .map(|i| {
                     let variant = anchor_variant(kind, settings, messages, &index_of, i, end, cleared);
+                    if variant != Variant::Full && !removed[i] {
+                        removed[i] = true;
+                        // seed-002 keeps the full output behind a data_ref; masking and clearing
+                        // keep nothing.
+                        newly_removed.push((i, matches!(variant, Variant::Seed002 { .. })));
+                    }
                     if let Variant::Seed002 { spilled: s, elided: e } = variant {
                         if s {
                             spilled.insert(i);
@@ -321,6 +393,34 @@ fn replay_anchor(
             blocks = build(&cleared);
         }
         let cost = cache.price(&blocks, times[call]);
+        for (i, recoverable) in newly_removed {
+            let text = messages[i].text.clone();
+            tracker.removed(Removal {
+                id: format!("message {i}"),
+                removed_before_call: call,
+                tokens: approximate_tokens(&text),
+                text,
+                recoverable,
+            });
+        }
+        if tracker.pending() > 0 && end < messages.len() {
+            let mut prompt: Option<String> = None;
+            let uses = tracker.observe_output(call, &output_text(&messages[end]), &mut |anchor| {
+                prompt
+                    .get_or_insert_with(|| {
+                        (0..end)
+                            .map(|i| {
+                                let variant =
+                                    anchor_variant(kind, settings, messages, &index_of, i, end, &cleared);
+                                variant_text(settings, &messages[i], variant)
+                            })
+                            .collect::<Vec<_>>()
+                            .join("\n")
+                    })
+                    .contains(anchor)
+            });
+            report.charge_read_backs(uses, &mut cache, &blocks, times[call], options.provider);
+        }
         if kind == PolicyKind::Naive
             && let Some(usage) = usage
         {
@@ -393,6 +493,7 @@ pub fn replay_strata(
     let mut report = PolicyReport::new(PolicyKind::Strata);
     let mut cache = ProviderCache::new(options.provider);
     let mut stored: Vec<(ArtifactRef, String)> = Vec::new();
+    let mut tracker = ReadBackTracker::new();
     let reserved = reserved(&settings.budget);
     for (call, &(end, _)) in transcript.calls.iter().enumerate() {
         let now = times[call];
@@ -415,6 +516,15 @@ pub fn replay_strata(
                 continue;
             }
         };
+        for (data_ref, text) in &admitted.offloaded {
+            tracker.removed(Removal {
+                id: data_ref.to_string(),
+                removed_before_call: call,
+                tokens: approximate_tokens(text),
+                text: text.clone(),
+                recoverable: true,
+            });
+        }
         report.compactions += admitted.compactions;
         report.spills += admitted.spilled_outputs;
         report.deduplications += admitted.deduplicated_outputs;
@@ -423,6 +533,15 @@ pub fn replay_strata(
         observe(call, Some(first_call));
         let cost = cache.price(&first_call.blocks, now);
         let mut events = admitted.events();
+        if tracker.pending() > 0 {
+            let mut prompt: Option<String> = None;
+            let uses = tracker.observe_output(call, &output_text(&transcript.messages[end]), &mut |anchor| {
+                prompt
+                    .get_or_insert_with(|| engine.context_text(&settings).unwrap_or_default())
+                    .contains(anchor)
+            });
+            report.charge_read_backs(uses, &mut cache, &first_call.blocks, now, options.provider);
+        }
         let answer = recorded_answer(end, &wires[end]).map_err(|e| fail(call, e))?;
         let effects = engine
             .record_answer(&settings, first_call, &answer, now)
@@ -430,6 +549,15 @@ pub fn replay_strata(
         report.elisions += effects.elided_entries;
         report.expirations += effects.expired_entries;
         events.extend(effects.events());
+        for (data_ref, text) in &effects.offloaded {
+            tracker.removed(Removal {
+                id: data_ref.to_string(),
+                removed_before_call: call + 1,
+                tokens: approximate_tokens(text),
+                text: text.clone(),
+                recoverable: true,
+            });
+        }
         report.record(cost, reserved, settings.limit, events);
         stored.extend(effects.offloaded);
         engine

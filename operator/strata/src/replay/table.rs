@@ -3,6 +3,7 @@
 use std::fmt::Write as _;
 
 use serde::Serialize;
+use strata_core::replay::readback::ReadBackSummary;
 use strata_core::replay::simulate::TokenCalibration;
 use strata_core::replay::{PolicyKind, Provider, SessionReport};
 
@@ -44,6 +45,12 @@ pub struct PolicyTotals {
     pub readable: Option<(u64, u64)>,
     /// Decision/constraint/TODO lines surviving, of those in the source (strata).
     pub markers: Option<(u64, u64)>,
+    /// Later uses of removed content, with the read-backs they cost.
+    pub read_backs: ReadBackSummary,
+    /// Cost units with the read-backs charged.
+    pub units_with_read_backs: f64,
+    /// That, relative to naive's (naive removes nothing, so it has no read-backs).
+    pub ratio_with_read_backs: f64,
 }
 
 /// Sum every session's reports per policy.
@@ -74,6 +81,8 @@ pub fn totals(sessions: &[SessionReport]) -> Vec<PolicyTotals> {
             t.elisions += report.elisions;
             t.expirations += report.expirations;
             t.deduplications += report.deduplications;
+            t.read_backs.add(&report.read_backs);
+            t.units_with_read_backs += report.units_with_read_backs();
             if let Some(p) = &report.preservation {
                 let (readable, stored) = t.readable.unwrap_or((0, 0));
                 t.readable = Some((readable + p.readable_byte_exact, stored + p.stored_outputs));
@@ -85,6 +94,8 @@ pub fn totals(sessions: &[SessionReport]) -> Vec<PolicyTotals> {
     let naive = out.iter().find(|t| t.policy == PolicyKind::Naive.name()).map(|t| t.units);
     for t in &mut out {
         t.ratio_to_naive = naive.filter(|n| *n > 0.0).map_or(f64::NAN, |n| t.units / n);
+        t.ratio_with_read_backs =
+            naive.filter(|n| *n > 0.0).map_or(f64::NAN, |n| t.units_with_read_backs / n);
     }
     out
 }
@@ -109,7 +120,7 @@ pub fn render(
     let _ = writeln!(out, "{} sessions, {calls} model calls, priced as {provider_name}", sessions.len());
     let _ = writeln!(
         out,
-        "{:<20} {:>12} {:>11} {:>11} {:>12} {:>12} {:>7} {:>9} {:>6} {:>6} {:>6} {:>6}",
+        "{:<20} {:>12} {:>11} {:>11} {:>12} {:>12} {:>7} {:>9} {:>6} {:>6} {:>6} {:>6} {:>6} {:>6} {:>8} {:>7}",
         "policy",
         "tokens",
         "fresh",
@@ -121,12 +132,16 @@ pub fn render(
         "over",
         "compact",
         "spill",
-        "elide"
+        "elide",
+        "uses",
+        "reads",
+        "unrecov",
+        "x+reads"
     );
     for t in totals {
         let _ = writeln!(
             out,
-            "{:<20} {:>12} {:>11} {:>11} {:>12} {:>12.0} {:>7.3} {:>9} {:>6} {:>6} {:>6} {:>6}",
+            "{:<20} {:>12} {:>11} {:>11} {:>12} {:>12.0} {:>7.3} {:>9} {:>6} {:>6} {:>6} {:>6} {:>6} {:>6} {:>8} {:>7.3}",
             t.policy,
             t.tokens,
             t.fresh,
@@ -138,9 +153,17 @@ pub fn render(
             t.calls_over_budget,
             t.compactions,
             t.spills,
-            t.elisions
+            t.elisions,
+            t.read_backs.uses_detected,
+            t.read_backs.read_backs,
+            t.read_backs.unrecoverable,
+            t.ratio_with_read_backs
         );
     }
+    let _ = writeln!(
+        out,
+        "uses: later outputs that quote removed content; reads: read-backs charged (one round trip each); unrecov: uses of content with no way back; x+reads: cost with read-backs, relative to naive"
+    );
     if let Some(strata) = totals.iter().find(|t| t.policy == PolicyKind::Strata.name()) {
         if let Some((readable, stored)) = strata.readable {
             let _ = writeln!(
@@ -159,6 +182,17 @@ pub fn render(
         let _ =
             writeln!(out, "strata: {} expired, {} deduplicated", strata.expirations, strata.deduplications);
     }
+    for (policy, session, example) in first_examples(sessions) {
+        let evidence: String = example.evidence.text.chars().take(100).collect();
+        let _ = writeln!(
+            out,
+            "{policy}: e.g. {session} call {} used removed {} ({:?} {evidence:?}){}",
+            example.call + 1,
+            example.removal_id,
+            example.evidence.kind,
+            if example.recoverable { "" } else { ", unrecoverable" }
+        );
+    }
     if calibration.calls > 0 {
         let _ = writeln!(
             out,
@@ -172,4 +206,22 @@ pub fn render(
         );
     }
     out
+}
+
+/// The first detected use of removed content of each policy, with its session.
+fn first_examples(
+    sessions: &[SessionReport],
+) -> Vec<(&'static str, &str, &strata_core::replay::readback::ReadBackUse)> {
+    let mut found: Vec<(&'static str, &str, &strata_core::replay::readback::ReadBackUse)> = Vec::new();
+    for session in sessions {
+        for report in &session.policies {
+            let name = report.policy.name();
+            if let Some(example) = report.read_back_examples.first()
+                && !found.iter().any(|(policy, _, _)| *policy == name)
+            {
+                found.push((name, session.name.as_str(), example));
+            }
+        }
+    }
+    found
 }
