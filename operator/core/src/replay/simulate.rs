@@ -411,7 +411,8 @@ pub fn replay_strata(
         stored.extend(admitted.offloaded.iter().cloned());
         let first_call = &admitted.first_call;
         observe(call, Some(first_call));
-        let cost = cache.price(&first_call.blocks, now);
+        let blocks = engine.prompt_blocks(&settings).map_err(|e| fail(call, e.to_string()))?;
+        let cost = cache.price(&blocks, now);
         report.record(cost, reserved, settings.limit, admitted.compactions > 0);
         let answer = recorded_answer(end, &wires[end]).map_err(|e| fail(call, e))?;
         let effects = engine
