@@ -189,9 +189,14 @@ fn parse_messages_document(
                 ));
             }
         }
+        let mut wire = message.clone();
         if mini_swe_agent && role == Role::User && text.starts_with("<returncode>") {
             role = Role::Tool;
             tool_name = Some("bash".into());
+            // The observation goes to the engine as the tool result it is. Its call was never
+            // issued as a tool call, so the gateway renders it upstream as the user message
+            // mini-swe-agent sends.
+            wire = json!({"role": "tool", "tool_call_id": format!("call_{index}"), "content": text});
         }
         let response = message.pointer("/extra/response");
         let at_ms = response.and_then(|r| r.get("created")).and_then(Value::as_u64).map(|s| s * 1000);
@@ -209,7 +214,7 @@ fn parse_messages_document(
         if tool_name.is_none() {
             tool_name = message.get("name").and_then(Value::as_str).map(str::to_string);
         }
-        out.push(TranscriptMessage { role, text, tool_name, at_ms, wire: message.clone() });
+        out.push(TranscriptMessage { role, text, tool_name, at_ms, wire });
     }
     Ok(Transcript::new(name.into(), out, usage))
 }

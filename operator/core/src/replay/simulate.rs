@@ -531,7 +531,8 @@ pub fn replay_strata(
         stored.extend(admitted.offloaded.iter().cloned());
         let first_call = &admitted.first_call;
         observe(call, Some(first_call));
-        let cost = cache.price(&first_call.blocks, now);
+        let blocks = engine.prompt_blocks(&settings).map_err(|e| fail(call, e.to_string()))?;
+        let cost = cache.price(&blocks, now);
         let mut events = admitted.events();
         if tracker.pending() > 0 {
             let mut prompt: Option<String> = None;
@@ -540,7 +541,7 @@ pub fn replay_strata(
                     .get_or_insert_with(|| engine.context_text(&settings).unwrap_or_default())
                     .contains(anchor)
             });
-            report.charge_read_backs(uses, &mut cache, &first_call.blocks, now, options.provider);
+            report.charge_read_backs(uses, &mut cache, &blocks, now, options.provider);
         }
         let answer = recorded_answer(end, &wires[end]).map_err(|e| fail(call, e))?;
         let effects = engine

@@ -159,8 +159,6 @@ pub struct SectionSummary {
 pub struct UpstreamCall {
     /// Request body in the provider's shape.
     pub body: ChunkedBody,
-    /// The prompt as priced: one block per cacheable unit in order (replay prices these).
-    pub blocks: Vec<Block>,
     /// Context status at compile time.
     pub status: ContextStatus,
     /// Sections for the inspector.
@@ -910,7 +908,6 @@ impl SessionEngine {
             Api::OpenAi => render_openai::body(head, &self.tier1, &packet, fragments, assembly, ledger),
             Api::Anthropic => render_anthropic::body(head, &self.tier1, &packet, fragments, assembly, ledger),
         };
-        let blocks = prompt_blocks(&packet, &self.counter);
         let mut sections: Vec<SectionSummary> = packet
             .prefix
             .manifest()
@@ -941,7 +938,6 @@ impl SessionEngine {
         });
         let call = UpstreamCall {
             body,
-            blocks,
             status: packet.status,
             sections,
             breakpoints: packet.breakpoints.len(),
@@ -977,6 +973,14 @@ impl SessionEngine {
     /// Re-synchronises Tier 2 after a memory tool rewrote the journal.
     pub(super) fn after_rewrite(&mut self) -> Result<(), EngineError> {
         self.sync_window().map(|_| ())
+    }
+
+    /// The current prompt as providers price it: one block per cacheable unit (Tier 1, each
+    /// included Tier-2 entry, the telemetry) with its breakpoint. Replay prices the call it just
+    /// rendered with this; the gateway never needs it.
+    pub fn prompt_blocks(&self, settings: &SessionSettings) -> Result<Vec<Block>, EngineError> {
+        let packet = self.compiler.compile(settings.limit, settings.budget)?;
+        Ok(prompt_blocks(&packet, &self.counter))
     }
 
     /// The text of the current context: Tier 1 and every included Tier-2 entry.

@@ -284,7 +284,7 @@ async fn plan(gateway: &Gateway, prepared: &mut Prepared) -> Result<UpstreamCall
 async fn record_round(
     gateway: &Gateway,
     prepared: &mut Prepared,
-    mut call: UpstreamCall,
+    call: UpstreamCall,
     output: &AssistantOutput,
     upstream_time: Duration,
     total: &mut Usage,
@@ -295,7 +295,6 @@ async fn record_round(
     let (effects, call) = gateway
         .with_engine(move |engine| {
             let effects = engine.record_answer(&settings.session, &call, &answer, now_ms())?;
-            call.blocks = Vec::new();
             Ok((effects, call))
         })
         .await?;
