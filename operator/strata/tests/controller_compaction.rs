@@ -50,6 +50,12 @@ fn cluster(job_body: Option<Value>, pods_of_job: Value) -> Responder {
         if seen.method == "GET" && path.ends_with("/pods") {
             return Some((200, pods_of_job.clone()));
         }
+        if seen.method == "GET" && path.ends_with("/jobs") {
+            return Some((200, list::<Value>("batch/v1", "JobList", vec![])));
+        }
+        if seen.method == "GET" && path.ends_with("/compactionjobs") {
+            return Some((200, list("strata.dev/v1alpha1", "CompactionJobList", vec![sample_job()])));
+        }
         if seen.method == "PATCH" && path.contains("/compactionjobs/") {
             let mut job = serde_json::to_value(sample_job()).unwrap();
             job["status"] = seen.body["status"].clone();
@@ -57,6 +63,10 @@ fn cluster(job_body: Option<Value>, pods_of_job: Value) -> Responder {
         }
         None
     })
+}
+
+fn list<T: serde::Serialize>(api_version: &str, kind: &str, items: Vec<T>) -> Value {
+    json!({"apiVersion": api_version, "kind": kind, "metadata": {}, "items": items})
 }
 
 fn no_pods() -> Value {
@@ -164,8 +174,15 @@ async fn a_second_job_for_the_same_agent_waits() {
     let mut earlier = sample_job();
     earlier.metadata.name = Some("builder-budget-1".into());
     earlier.metadata.creation_timestamp = Some(Time(Timestamp::from_second(1_759_000_000).unwrap()));
-    let (client, server) = FakeApiServer::start(cluster(None, no_pods()));
-    let ctx = context(client, fleet_caches(vec![earlier, sample_job()], true));
+    let live = vec![earlier.clone(), sample_job()];
+    let (client, server) = FakeApiServer::start(Box::new(move |seen| {
+        if seen.method == "GET" && seen.path.ends_with("/compactionjobs") {
+            return Some((200, list("strata.dev/v1alpha1", "CompactionJobList", live.clone())));
+        }
+        cluster(None, no_pods())(seen)
+    }));
+    // The cache has not seen the earlier job yet (it was created the same second): the live list decides.
+    let ctx = context(client, fleet_caches(vec![sample_job()], true));
     reconcile_compaction(&sample_job(), &ctx).await.unwrap();
     let status = status_written(&server);
     assert_eq!(
@@ -173,6 +190,24 @@ async fn a_second_job_for_the_same_agent_waits() {
         (Some(CompactionPhase::Pending), Some("WaitingForActiveJob"))
     );
     assert!(!server.writes().iter().any(|w| w.path.ends_with("/jobs")));
+}
+
+#[tokio::test]
+async fn an_unfinished_job_of_the_agent_blocks_a_new_one() {
+    let (client, server) = FakeApiServer::start(Box::new(move |seen| {
+        if seen.method == "GET" && seen.path.ends_with("/jobs") {
+            assert!(seen.query.contains("strata.dev%2Fagent%3Dbuilder"), "{}", seen.query);
+            let running = json!({"metadata": {"name": "builder-other-1a2b3c4d"}, "status": {"active": 1}});
+            return Some((200, list("batch/v1", "JobList", vec![running])));
+        }
+        cluster(None, no_pods())(seen)
+    }));
+    let ctx = context(client, fleet_caches(vec![sample_job()], true));
+    reconcile_compaction(&sample_job(), &ctx).await.unwrap();
+    let status = status_written(&server);
+    assert_eq!(status.reason.as_deref(), Some("WaitingForActiveJob"));
+    assert!(!server.writes().iter().any(|w| w.path.ends_with("/jobs")));
+    assert!(events(&server)[0]["note"].as_str().unwrap().contains("builder-other-1a2b3c4d"));
 }
 
 fn finished_job(condition: &str) -> Value {
