@@ -119,7 +119,7 @@ export STRATA_E2E_CONTROLLER_METRICS=127.0.0.1:$METRICS_PORT
 export STRATA_E2E_CONTROL_PLANE=$PLANE
 export STRATA_E2E_K8S=$K8S
 set +e
-cargo test -p strata-e2e --locked -- --test-threads 4 2>&1 | tee "$WORK/test.log"
+cargo test -p strata-e2e --locked --no-fail-fast -- --test-threads 4 2>&1 | tee "$WORK/test.log"
 status=${PIPESTATUS[0]}
 set -e
 passed=$(grep -Eo '^test result: .* ([0-9]+) passed' "$WORK/test.log" | grep -Eo '[0-9]+ passed' | awk '{s+=$1} END {print s+0}')

@@ -151,13 +151,15 @@ pub fn metric_sum(text: &str, name: &str, label_filter: &str) -> f64 {
         .sum()
 }
 
-/// Writes (non-GET requests) the controller has sent so far.
+/// Writes (non-GET requests) the controller's reconcilers have sent so far (Lease renewals are the
+/// leader election's and not counted).
 pub async fn controller_writes() -> f64 {
     let text = controller_metrics().await;
     ["POST", "PUT", "PATCH", "DELETE"]
         .iter()
         .map(|method| {
-            metric_sum(&text, "strata_controller_apiserver_requests_total", &format!("method=\"{method}\""))
+            let filter = format!("client=\"reconcilers\",method=\"{method}\"");
+            metric_sum(&text, "strata_controller_apiserver_requests_total", &filter)
         })
         .sum()
 }
@@ -184,6 +186,36 @@ pub fn signal(pid: i32, signal: &str) {
 /// The repository's `config/samples` directory.
 pub fn samples_dir() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../config/samples")
+}
+
+/// A namespace labelled for the fleet, with the ConfigMaps the builder Agent refers to (from the
+/// golden fleet references) and the sample builder Agent (without a ContextPolicy reference, so the
+/// namespace's `default` ContextPolicy applies if there is one). Installs the CRDs first.
+pub async fn fleet_namespace(
+    client: &Client,
+    prefix: &str,
+) -> Result<(TempNamespace, Api<strata_api::Agent>), E2eError> {
+    install_crds(client).await?;
+    let namespace = TempNamespace::create(client, prefix, &[("strata.dev/fleet", "always-on")]).await?;
+    let references = repo_root().join("operator/strata/tests/golden/fleet-references.yaml");
+    let maps: Api<k8s_openapi::api::core::v1::ConfigMap> = Api::namespaced(client.clone(), &namespace.name);
+    for doc in load_documents(&references)?.into_iter().filter(|d| d["kind"] == "ConfigMap") {
+        let mut map: k8s_openapi::api::core::v1::ConfigMap = serde_json::from_value(doc)
+            .map_err(|e| E2eError::Sample { path: references.clone(), message: e.to_string() })?;
+        map.metadata.namespace = Some(namespace.name.clone());
+        maps.create(&PostParams::default(), &map).await?;
+    }
+    let path = samples_dir().join("strata_v1alpha1_agent.yaml");
+    let doc = load_documents(&path)?
+        .into_iter()
+        .next()
+        .ok_or_else(|| E2eError::Sample { path: path.clone(), message: "no document".into() })?;
+    let mut agent: strata_api::Agent =
+        serde_json::from_value(doc).map_err(|e| E2eError::Sample { path, message: e.to_string() })?;
+    agent.spec.context_policy_ref = None;
+    let agents: Api<strata_api::Agent> = Api::namespaced(client.clone(), &namespace.name);
+    agents.create(&PostParams::default(), &agent).await?;
+    Ok((namespace, agents))
 }
 
 /// The repository root.

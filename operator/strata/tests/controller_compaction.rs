@@ -140,6 +140,10 @@ async fn the_job_runs_strata_compact_on_the_agents_volume_pinned_to_its_node() {
     assert_eq!(&args[..5], ["compact", "--data-dir", "/var/lib/strata", "--mode", "TaskBoundary"]);
     assert!(args.windows(2).any(|w| w == ["--termination-log", "/dev/termination-log"]));
     assert!(
+        args.windows(2).any(|w| w == ["--reason", "Sprint 42 finished; the pricing-page task is next."]),
+        "spec.reason reaches the compaction record: {args:?}"
+    );
+    assert!(
         args.windows(2).any(|w| w[0] == "--resume-instruction" && w[1].starts_with("Sprint 42 is merged"))
     );
     let claim = pod["volumes"].as_array().unwrap().iter().find(|v| v["name"] == "journal").unwrap();
@@ -254,6 +258,10 @@ async fn the_termination_message_becomes_the_record_and_the_agents_last_compacti
 
     let last = server.writes().into_iter().find(|w| w.path.ends_with("/agents/builder/status")).unwrap();
     assert!(last.query.contains("fieldManager=strata.dev%2Fcompaction-controller"), "{}", last.query);
+    assert_eq!(
+        last.body["status"]["journal"]["generation"], 4,
+        "the record's result generation is CURRENT now"
+    );
     let last = &last.body["status"]["lastCompaction"];
     assert_eq!(last["jobName"], "builder-sprint-42-boundary");
     assert_eq!(last["compactionId"], "cmp:builder:7");

@@ -28,9 +28,32 @@ fn is_write(request: &Request<Body>) -> bool {
     !matches!(request.method().as_str(), "GET" | "HEAD" | "OPTIONS")
 }
 
+/// Which client a request came from, for the requests metric.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Purpose {
+    /// The controllers' reconciles, watches and caches.
+    Reconcilers,
+    /// The leader election (Lease reads and renewals).
+    LeaderElection,
+}
+
+impl Purpose {
+    fn label(self) -> &'static str {
+        match self {
+            Purpose::Reconcilers => "reconcilers",
+            Purpose::LeaderElection => "leader-election",
+        }
+    }
+}
+
 /// A client that counts and logs its requests; with `leadership`, it also refuses writes while
 /// this replica does not lead.
-pub fn build(config: Config, metrics: Arc<Metrics>, leadership: Option<Leadership>) -> kube::Result<Client> {
+pub fn build(
+    config: Config,
+    metrics: Arc<Metrics>,
+    purpose: Purpose,
+    leadership: Option<Leadership>,
+) -> kube::Result<Client> {
     let gate = FilterLayer::new(move |request: Request<Body>| -> Result<Request<Body>, BoxError> {
         let write = is_write(&request);
         if write && leadership.as_ref().is_some_and(|l| !l.is_leading()) {
@@ -40,7 +63,7 @@ pub fn build(config: Config, metrics: Arc<Metrics>, leadership: Option<Leadershi
             tracing::warn!(error = %refused, "write refused");
             return Err(refused.into());
         }
-        metrics.count_request(request.method().as_str());
+        metrics.count_request(purpose.label(), request.method().as_str());
         if write {
             tracing::debug!(method = %request.method(), path = request.uri().path(), "apiserver write");
         }

@@ -51,9 +51,9 @@ impl Metrics {
         let requests = IntCounterVec::new(
             Opts::new(
                 "strata_controller_apiserver_requests_total",
-                "Requests sent to the apiserver, by HTTP method (watches count once, when opened)",
+                "Requests sent to the apiserver, by client (reconcilers or leader-election) and HTTP method; a watch counts once, when opened",
             ),
-            &["method"],
+            &["client", "method"],
         )?;
         let refused_writes = prometheus::IntCounter::new(
             "strata_controller_refused_writes_total",
@@ -86,9 +86,9 @@ impl Metrics {
         result
     }
 
-    /// Count one request sent to the apiserver.
-    pub fn count_request(&self, method: &str) {
-        self.requests.with_label_values(&[method]).inc();
+    /// Count one request `client` sent to the apiserver.
+    pub fn count_request(&self, client: &str, method: &str) {
+        self.requests.with_label_values(&[client, method]).inc();
     }
 
     /// Count one write refused because this replica does not lead.

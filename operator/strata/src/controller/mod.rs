@@ -29,6 +29,7 @@ use anyhow::Context as _;
 use futures::FutureExt;
 use kube::Config;
 
+use client::Purpose;
 use context::{Settings, system_clock};
 use leader::{LeaderElector, Leadership, LeaseSettings};
 use metrics::Metrics;
@@ -105,10 +106,11 @@ async fn run_operator(args: &ControllerArgs) -> anyhow::Result<()> {
     let config = Config::infer().await.context("reading the Kubernetes client configuration")?;
     let leadership =
         if args.no_leader_election { Leadership::unconditional() } else { Leadership::elected() };
-    let client = client::build(config.clone(), metrics.clone(), Some(leadership.clone()))
-        .context("building a Kubernetes client")?;
-    let election_client =
-        client::build(config, metrics.clone(), None).context("building the leader election client")?;
+    let client =
+        client::build(config.clone(), metrics.clone(), Purpose::Reconcilers, Some(leadership.clone()))
+            .context("building a Kubernetes client")?;
+    let election_client = client::build(config, metrics.clone(), Purpose::LeaderElection, None)
+        .context("building the leader election client")?;
     let ready = Arc::new(AtomicBool::new(false));
 
     let (stop, stopped) = tokio::sync::watch::channel(false);

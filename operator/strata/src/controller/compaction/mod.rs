@@ -187,13 +187,18 @@ async fn record_last_compaction(
     finished_at: Option<Time>,
 ) -> Result<()> {
     let agents: Api<Agent> = Api::namespaced(ctx.client.clone(), namespace);
-    let patch = json!({"status": {"lastCompaction": {
-        "jobName": job,
-        "compactionId": record.compaction_id,
-        "tokensBefore": record.tokens_before,
-        "tokensAfter": record.tokens_after,
-        "finishedAt": finished_at,
-    }}});
+    // The record's result generation is the journal's CURRENT generation from now on (compaction,
+    // purge and rollback are the only ways it changes), so it is also `status.journal`.
+    let patch = json!({"status": {
+        "lastCompaction": {
+            "jobName": job,
+            "compactionId": record.compaction_id,
+            "tokensBefore": record.tokens_before,
+            "tokensAfter": record.tokens_after,
+            "finishedAt": finished_at,
+        },
+        "journal": {"generation": record.result_generation},
+    }});
     let params =
         PatchParams { field_manager: Some(COMPACTION_FIELD_MANAGER.into()), ..PatchParams::default() };
     agents
