@@ -11,11 +11,21 @@
 #      how many cluster tests ran.
 # Without ../shared/k8s it prints that it skipped; with STRATA_REQUIRE_SHARED=1 that is a failure.
 #
+#   e2e/control-plane.sh                 the cluster tests
+#   e2e/control-plane.sh --bench N [S]   instead: the scale bench with N Agents and an S-second quiet
+#                                        window (default 75; the controller resyncs every 60 s), on a
+#                                        release build; prints a row for BENCHMARKS.md
+#
 # Env: STRATA_K8S (default ../shared/k8s), the control plane's *_PORT variables (see its README),
 #      STRATA_E2E_METRICS_PORT (28080), STRATA_E2E_KEEP=1 keeps the work directory and logs.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$(pwd)
+BENCH=
+if [ "${1:-}" = --bench ]; then
+  BENCH=${2:?usage: e2e/control-plane.sh --bench N [quiet-seconds]}
+  QUIET=${3:-75}
+fi
 K8S=${STRATA_K8S:-$(cd .. && pwd)/shared/k8s}
 if [ ! -x "$K8S/up" ]; then
   if [ "${STRATA_REQUIRE_SHARED:-}" = 1 ]; then
@@ -86,15 +96,22 @@ current-context: test
 EOF
 chmod 600 "$WORK/controller.kubeconfig"
 
-cargo build -q -p strata --locked
-STRATA_BIN=$ROOT/target/debug/strata
+if [ -n "$BENCH" ]; then
+  cargo build -q --release -p strata --locked
+  STRATA_BIN=$ROOT/target/release/strata
+  RESYNC=60 LOG=info
+else
+  cargo build -q -p strata --locked
+  STRATA_BIN=$ROOT/target/debug/strata
+  RESYNC=45 LOG=info,strata::controller::client=debug
+fi
 
 # The controller under a restart loop, as a kubelet would run it.
 (
   while [ ! -f "$WORK/stop" ]; do
     KUBECONFIG=$WORK/controller.kubeconfig POD_NAME=strata-e2e-a POD_NAMESPACE=strata-system \
-      RUST_LOG=info,strata::controller::client=debug NO_COLOR=1 \
-      "$STRATA_BIN" controller --metrics-listen "127.0.0.1:$METRICS_PORT" --resync-seconds 45 \
+      RUST_LOG=$LOG NO_COLOR=1 \
+      "$STRATA_BIN" controller --metrics-listen "127.0.0.1:$METRICS_PORT" --resync-seconds "$RESYNC" \
       --gateway-image strata-e2e/strata:dev >>"$WORK/controller-a.log" 2>&1 &
     echo $! >"$WORK/controller.pid"
     wait $! || true
@@ -118,6 +135,10 @@ export STRATA_E2E_CONTROLLER_LOG=$WORK/controller-a.log
 export STRATA_E2E_CONTROLLER_METRICS=127.0.0.1:$METRICS_PORT
 export STRATA_E2E_CONTROL_PLANE=$PLANE
 export STRATA_E2E_K8S=$K8S
+if [ -n "$BENCH" ]; then
+  cargo run -q --release -p strata-e2e --locked --bin fleet-bench -- "$BENCH" "$QUIET"
+  exit 0
+fi
 set +e
 cargo test -p strata-e2e --locked --no-fail-fast -- --test-threads 4 2>&1 | tee "$WORK/test.log"
 status=${PIPESTATUS[0]}
