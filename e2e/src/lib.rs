@@ -1,5 +1,6 @@
 //! Helpers for Strata's real-cluster tests: a client from STRATA_E2E_KUBECONFIG, throwaway
-//! namespaces, CRD installation and sample loading.
+//! namespaces, CRD installation, sample loading, waiting, and the running controller (its metrics,
+//! log and process) that `e2e/control-plane.sh` starts.
 //!
 //! The tests in `tests/` are ignored unless STRATA_E2E_KUBECONFIG is set when they are built.
 
@@ -104,9 +105,122 @@ impl TempNamespace {
     }
 }
 
+/// Probe every second until `probe` returns a value; panics after `timeout` naming `what`.
+pub async fn eventually<T, F, Fut>(what: &str, timeout: Duration, mut probe: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Option<T>>,
+{
+    let deadline = tokio::time::Instant::now() + timeout;
+    loop {
+        if let Some(value) = probe().await {
+            return value;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "timed out after {timeout:?} waiting for {what}");
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+}
+
+/// A STRATA_E2E_* variable that `e2e/control-plane.sh` exports.
+pub fn harness_var(name: &str) -> String {
+    std::env::var(name).unwrap_or_else(|_| {
+        panic!("{name} is not set: run the cluster tests through e2e/control-plane.sh, which starts the controller")
+    })
+}
+
+/// The controller's Prometheus text from its metrics endpoint (a plain HTTP/1.0 GET).
+pub async fn controller_metrics() -> String {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let address = harness_var("STRATA_E2E_CONTROLLER_METRICS");
+    let mut stream = tokio::net::TcpStream::connect(&address)
+        .await
+        .unwrap_or_else(|e| panic!("connecting to the controller's metrics on {address}: {e}"));
+    stream.write_all(b"GET /metrics HTTP/1.0\r\nHost: localhost\r\n\r\n").await.unwrap_or_default();
+    let mut text = String::new();
+    stream.read_to_string(&mut text).await.unwrap_or_default();
+    text
+}
+
+/// Sum of a counter's samples whose label set contains `label_filter` (e.g. `method="PATCH"`).
+pub fn metric_sum(text: &str, name: &str, label_filter: &str) -> f64 {
+    text.lines()
+        .filter(|line| line.starts_with(name) && !line.starts_with('#'))
+        .filter(|line| line[name.len()..].starts_with(['{', ' ']))
+        .filter(|line| label_filter.is_empty() || line.contains(label_filter))
+        .filter_map(|line| line.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}
+
+/// Writes (non-GET requests) the controller's reconcilers have sent so far (Lease renewals are the
+/// leader election's and not counted).
+pub async fn controller_writes() -> f64 {
+    let text = controller_metrics().await;
+    ["POST", "PUT", "PATCH", "DELETE"]
+        .iter()
+        .map(|method| {
+            let filter = format!("client=\"reconcilers\",method=\"{method}\"");
+            metric_sum(&text, "strata_controller_apiserver_requests_total", &filter)
+        })
+        .sum()
+}
+
+/// The pid of the controller process the harness runs now.
+pub fn controller_pid() -> i32 {
+    let file = harness_var("STRATA_E2E_CONTROLLER_PID_FILE");
+    std::fs::read_to_string(&file)
+        .ok()
+        .and_then(|text| text.trim().parse().ok())
+        .unwrap_or_else(|| panic!("no pid in {file}"))
+}
+
+/// Send `signal` (e.g. "STOP", "CONT", "TERM") to a process with kill(1).
+pub fn signal(pid: i32, signal: &str) {
+    let status = std::process::Command::new("kill")
+        .arg(format!("-{signal}"))
+        .arg(pid.to_string())
+        .status()
+        .unwrap_or_else(|e| panic!("running kill: {e}"));
+    assert!(status.success(), "kill -{signal} {pid} failed");
+}
+
 /// The repository's `config/samples` directory.
 pub fn samples_dir() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../config/samples")
+}
+
+/// A namespace labelled for the fleet, with the ConfigMaps the builder Agent refers to (from the
+/// golden fleet references) and the sample builder Agent (without a ContextPolicy reference, so the
+/// namespace's `default` ContextPolicy applies if there is one). Installs the CRDs first.
+pub async fn fleet_namespace(
+    client: &Client,
+    prefix: &str,
+) -> Result<(TempNamespace, Api<strata_api::Agent>), E2eError> {
+    install_crds(client).await?;
+    let namespace = TempNamespace::create(client, prefix, &[("strata.dev/fleet", "always-on")]).await?;
+    let references = repo_root().join("operator/strata/tests/golden/fleet-references.yaml");
+    let maps: Api<k8s_openapi::api::core::v1::ConfigMap> = Api::namespaced(client.clone(), &namespace.name);
+    for doc in load_documents(&references)?.into_iter().filter(|d| d["kind"] == "ConfigMap") {
+        let mut map: k8s_openapi::api::core::v1::ConfigMap = serde_json::from_value(doc)
+            .map_err(|e| E2eError::Sample { path: references.clone(), message: e.to_string() })?;
+        map.metadata.namespace = Some(namespace.name.clone());
+        maps.create(&PostParams::default(), &map).await?;
+    }
+    let path = samples_dir().join("strata_v1alpha1_agent.yaml");
+    let doc = load_documents(&path)?
+        .into_iter()
+        .next()
+        .ok_or_else(|| E2eError::Sample { path: path.clone(), message: "no document".into() })?;
+    let mut agent: strata_api::Agent =
+        serde_json::from_value(doc).map_err(|e| E2eError::Sample { path, message: e.to_string() })?;
+    agent.spec.context_policy_ref = None;
+    let agents: Api<strata_api::Agent> = Api::namespaced(client.clone(), &namespace.name);
+    agents.create(&PostParams::default(), &agent).await?;
+    Ok((namespace, agents))
+}
+
+/// The repository root.
+pub fn repo_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
 }
 
 /// Every YAML document in a sample file, as JSON.

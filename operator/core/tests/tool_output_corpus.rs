@@ -27,10 +27,11 @@ fn outputs(entries: &[Entry]) -> impl Iterator<Item = &str> {
 
 #[test]
 fn spilled_corpus_outputs_read_back_byte_exact() {
+    let Some(files) = corpus_files("spilled_corpus_outputs_read_back_byte_exact") else { return };
     let store = ArtifactStore::new(Arc::new(SimStorage::new()), "/artifacts");
     let policy = SpillPolicy::default();
     let mut spilled = 0;
-    for path in corpus_files() {
+    for path in files {
         for output in outputs(&load(&path)) {
             let outcome = spill(output, &policy, &store, "corpus").unwrap();
             let Some(data_ref) = outcome.data_ref else {
@@ -61,9 +62,10 @@ fn spilled_corpus_outputs_read_back_byte_exact() {
 
 #[test]
 fn corpus_elision_fires_few_batches_and_saves_tokens() {
+    let Some(files) = corpus_files("corpus_elision_fires_few_batches_and_saves_tokens") else { return };
     let policy = ElisionPolicy::default();
     let (mut total_rounds, mut total_batches, mut total_saved) = (0usize, 0usize, 0u64);
-    for path in corpus_files() {
+    for path in files {
         let full = load(&path);
         let rounds = full.iter().filter(|e| e.role == Role::Assistant).count();
         let mut window: Vec<Entry> = Vec::new();
@@ -106,8 +108,9 @@ fn corpus_elision_fires_few_batches_and_saves_tokens() {
 
 #[test]
 fn corpus_dedup_finds_the_repeated_outputs() {
+    let Some(files) = corpus_files("corpus_dedup_finds_the_repeated_outputs") else { return };
     let (mut found, mut expected) = (0usize, 0usize);
-    for path in corpus_files() {
+    for path in files {
         let entries = load(&path);
         let duplicates = find_duplicates(&entries);
         let by_id: HashMap<EntryId, &Entry> = entries.iter().map(|e| (e.id, e)).collect();

@@ -50,6 +50,12 @@ fn cluster(job_body: Option<Value>, pods_of_job: Value) -> Responder {
         if seen.method == "GET" && path.ends_with("/pods") {
             return Some((200, pods_of_job.clone()));
         }
+        if seen.method == "GET" && path.ends_with("/jobs") {
+            return Some((200, list::<Value>("batch/v1", "JobList", vec![])));
+        }
+        if seen.method == "GET" && path.ends_with("/compactionjobs") {
+            return Some((200, list("strata.dev/v1alpha1", "CompactionJobList", vec![sample_job()])));
+        }
         if seen.method == "PATCH" && path.contains("/compactionjobs/") {
             let mut job = serde_json::to_value(sample_job()).unwrap();
             job["status"] = seen.body["status"].clone();
@@ -57,6 +63,10 @@ fn cluster(job_body: Option<Value>, pods_of_job: Value) -> Responder {
         }
         None
     })
+}
+
+fn list<T: serde::Serialize>(api_version: &str, kind: &str, items: Vec<T>) -> Value {
+    json!({"apiVersion": api_version, "kind": kind, "metadata": {}, "items": items})
 }
 
 fn no_pods() -> Value {
@@ -130,6 +140,10 @@ async fn the_job_runs_strata_compact_on_the_agents_volume_pinned_to_its_node() {
     assert_eq!(&args[..5], ["compact", "--data-dir", "/var/lib/strata", "--mode", "TaskBoundary"]);
     assert!(args.windows(2).any(|w| w == ["--termination-log", "/dev/termination-log"]));
     assert!(
+        args.windows(2).any(|w| w == ["--reason", "Sprint 42 finished; the pricing-page task is next."]),
+        "spec.reason reaches the compaction record: {args:?}"
+    );
+    assert!(
         args.windows(2).any(|w| w[0] == "--resume-instruction" && w[1].starts_with("Sprint 42 is merged"))
     );
     let claim = pod["volumes"].as_array().unwrap().iter().find(|v| v["name"] == "journal").unwrap();
@@ -164,8 +178,15 @@ async fn a_second_job_for_the_same_agent_waits() {
     let mut earlier = sample_job();
     earlier.metadata.name = Some("builder-budget-1".into());
     earlier.metadata.creation_timestamp = Some(Time(Timestamp::from_second(1_759_000_000).unwrap()));
-    let (client, server) = FakeApiServer::start(cluster(None, no_pods()));
-    let ctx = context(client, fleet_caches(vec![earlier, sample_job()], true));
+    let live = vec![earlier.clone(), sample_job()];
+    let (client, server) = FakeApiServer::start(Box::new(move |seen| {
+        if seen.method == "GET" && seen.path.ends_with("/compactionjobs") {
+            return Some((200, list("strata.dev/v1alpha1", "CompactionJobList", live.clone())));
+        }
+        cluster(None, no_pods())(seen)
+    }));
+    // The cache has not seen the earlier job yet (it was created the same second): the live list decides.
+    let ctx = context(client, fleet_caches(vec![sample_job()], true));
     reconcile_compaction(&sample_job(), &ctx).await.unwrap();
     let status = status_written(&server);
     assert_eq!(
@@ -173,6 +194,24 @@ async fn a_second_job_for_the_same_agent_waits() {
         (Some(CompactionPhase::Pending), Some("WaitingForActiveJob"))
     );
     assert!(!server.writes().iter().any(|w| w.path.ends_with("/jobs")));
+}
+
+#[tokio::test]
+async fn an_unfinished_job_of_the_agent_blocks_a_new_one() {
+    let (client, server) = FakeApiServer::start(Box::new(move |seen| {
+        if seen.method == "GET" && seen.path.ends_with("/jobs") {
+            assert!(seen.query.contains("strata.dev%2Fagent%3Dbuilder"), "{}", seen.query);
+            let running = json!({"metadata": {"name": "builder-other-1a2b3c4d"}, "status": {"active": 1}});
+            return Some((200, list("batch/v1", "JobList", vec![running])));
+        }
+        cluster(None, no_pods())(seen)
+    }));
+    let ctx = context(client, fleet_caches(vec![sample_job()], true));
+    reconcile_compaction(&sample_job(), &ctx).await.unwrap();
+    let status = status_written(&server);
+    assert_eq!(status.reason.as_deref(), Some("WaitingForActiveJob"));
+    assert!(!server.writes().iter().any(|w| w.path.ends_with("/jobs")));
+    assert!(events(&server)[0]["note"].as_str().unwrap().contains("builder-other-1a2b3c4d"));
 }
 
 fn finished_job(condition: &str) -> Value {
@@ -219,6 +258,10 @@ async fn the_termination_message_becomes_the_record_and_the_agents_last_compacti
 
     let last = server.writes().into_iter().find(|w| w.path.ends_with("/agents/builder/status")).unwrap();
     assert!(last.query.contains("fieldManager=strata.dev%2Fcompaction-controller"), "{}", last.query);
+    assert_eq!(
+        last.body["status"]["journal"]["generation"], 4,
+        "the record's result generation is CURRENT now"
+    );
     let last = &last.body["status"]["lastCompaction"];
     assert_eq!(last["jobName"], "builder-sprint-42-boundary");
     assert_eq!(last["compactionId"], "cmp:builder:7");

@@ -1,14 +1,16 @@
 //! Leader election on a coordination.k8s.io/v1 Lease, against a fake apiserver: create, renew,
-//! stand by behind a live holder, take over an expired Lease, lose a race, release on shutdown.
+//! stand by behind a live holder, take over a Lease only after watching it unrenewed, lose a race,
+//! stop at the renew deadline, time out a hung call, release on shutdown.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod controller_support;
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use controller_support::*;
 use serde_json::{Value, json};
-use strata::controller::leader::{LeaderElector, LeaseSettings, LeaseState};
+use strata::controller::leader::{LeaderElector, Leadership, LeaseSettings, LeaseState};
 
 const LEASE_PATH: &str =
     "/apis/coordination.k8s.io/v1/namespaces/strata-system/leases/strata-controller-leader";
@@ -24,6 +26,14 @@ fn lease(holder: Option<&str>, renewed_seconds_ago: i64, transitions: i32) -> Va
 }
 
 fn elector(existing: Option<Value>, conflict: bool, me: &str) -> (LeaderElector, FakeApiServer) {
+    elector_with(existing, conflict, LeaseSettings::new(OPERATOR_NAMESPACE, "strata-controller-leader", me)).0
+}
+
+fn elector_with(
+    existing: Option<Value>,
+    conflict: bool,
+    settings: LeaseSettings,
+) -> ((LeaderElector, FakeApiServer), Leadership) {
     let (client, server) = FakeApiServer::start(Box::new(move |seen| {
         if seen.method == "GET" && seen.path == LEASE_PATH {
             return Some(match &existing {
@@ -33,8 +43,16 @@ fn elector(existing: Option<Value>, conflict: bool, me: &str) -> (LeaderElector,
         }
         (conflict && seen.method == "PUT").then(|| (409, status_body(409, "Conflict")))
     }));
-    let settings = LeaseSettings::new(OPERATOR_NAMESPACE, "strata-controller-leader", me);
-    (LeaderElector::new(client, settings, Arc::new(fixed_now)), server)
+    let leadership = Leadership::elected();
+    ((LeaderElector::new(client, settings, Arc::new(fixed_now), leadership.clone()), server), leadership)
+}
+
+fn quick(me: &str) -> LeaseSettings {
+    LeaseSettings {
+        lease_duration: Duration::from_millis(300),
+        renew_deadline: Duration::from_millis(200),
+        ..LeaseSettings::new(OPERATOR_NAMESPACE, "strata-controller-leader", me)
+    }
 }
 
 #[tokio::test]
@@ -56,9 +74,16 @@ async fn a_standby_waits_while_the_holder_renews() {
 }
 
 #[tokio::test]
-async fn a_standby_takes_over_an_expired_lease_with_a_checked_replace() {
-    let (elector, server) = elector(Some(lease(Some("strata-a"), 16, 3)), false, "strata-b");
+async fn a_standby_takes_over_only_after_watching_the_lease_unrenewed_for_its_duration() {
+    // renewTime is an hour old by this replica's wall clock; clocks skew, so that alone proves nothing.
+    let ((elector, server), leadership) =
+        elector_with(Some(lease(Some("strata-a"), 3600, 3)), false, quick("strata-b"));
+    assert_eq!(elector.try_acquire_or_renew().await.unwrap(), LeaseState::Following("strata-a".into()));
+    assert!(server.writes().is_empty(), "the first sight of a record starts the standby's own timer");
+    assert!(!leadership.is_leading());
+    tokio::time::sleep(Duration::from_millis(350)).await;
     assert_eq!(elector.try_acquire_or_renew().await.unwrap(), LeaseState::Leading);
+    assert!(leadership.is_leading());
     let writes = server.writes();
     assert_eq!(writes.len(), 1);
     assert_eq!((writes[0].method.as_str(), writes[0].path.as_str()), ("PUT", LEASE_PATH));
@@ -73,8 +98,33 @@ async fn a_standby_takes_over_an_expired_lease_with_a_checked_replace() {
 
 #[tokio::test]
 async fn losing_the_takeover_race_means_following() {
-    let (elector, _server) = elector(Some(lease(Some("strata-a"), 30, 0)), true, "strata-b");
+    let ((elector, _server), leadership) =
+        elector_with(Some(lease(Some("strata-a"), 30, 0)), true, quick("strata-b"));
     assert_eq!(elector.try_acquire_or_renew().await.unwrap(), LeaseState::Following("strata-a".into()));
+    tokio::time::sleep(Duration::from_millis(350)).await;
+    assert_eq!(elector.try_acquire_or_renew().await.unwrap(), LeaseState::Following("strata-a".into()));
+    assert!(!leadership.is_leading());
+}
+
+#[tokio::test]
+async fn the_holder_stops_leading_at_its_renew_deadline_when_renewals_fail() {
+    let ((elector, _server), leadership) = elector_with(None, false, quick("strata-a"));
+    assert_eq!(elector.try_acquire_or_renew().await.unwrap(), LeaseState::Leading);
+    assert!(leadership.is_leading());
+    tokio::time::sleep(Duration::from_millis(250)).await;
+    assert!(!leadership.is_leading(), "past the renew deadline, writes stop even before the loop notices");
+}
+
+#[tokio::test]
+async fn a_renewal_that_hangs_times_out() {
+    // An apiserver that accepts the connection and never answers.
+    let (service, _never_answered) =
+        tower_test::mock::pair::<http::Request<kube::client::Body>, http::Response<kube::client::Body>>();
+    let client = kube::Client::new(service, "default");
+    let settings = LeaseSettings { call_timeout: Duration::from_millis(100), ..quick("strata-a") };
+    let elector = LeaderElector::new(client, settings, Arc::new(fixed_now), Leadership::elected());
+    let error = elector.try_acquire_or_renew().await.unwrap_err();
+    assert!(error.to_string().contains("no answer within 100ms"), "{error}");
 }
 
 #[tokio::test]

@@ -4,6 +4,9 @@
 use std::path::Path;
 use std::process::Command;
 
+#[path = "../../core/tests/support/shared.rs"]
+mod shared;
+
 fn strata() -> Command {
     Command::new(env!("CARGO_BIN_EXE_strata"))
 }
@@ -97,9 +100,11 @@ fn missing_inputs_fail_clearly() {
 
 #[test]
 fn the_seed_003_session_replays_as_pi_session_jsonl() {
-    let seeds = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../../shared/seeds");
+    let Some(seeds) = shared::shared_path("the_seed_003_session_replays_as_pi_session_jsonl", "seeds") else {
+        return;
+    };
     let session = std::fs::read_dir(&seeds)
-        .unwrap_or_else(|e| panic!("{} is required for this test (CI provides it): {e}", seeds.display()))
+        .unwrap_or_else(|e| panic!("{} cannot be read: {e}", seeds.display()))
         .map(|e| e.unwrap().path())
         .find(|p| p.file_name().is_some_and(|n| n.to_string_lossy().starts_with("003_")))
         .expect("seed 003 session");

@@ -10,17 +10,19 @@ pub fn tokens_of(text: &str) -> u64 {
     (text.chars().count() as u64).div_ceil(4)
 }
 
-/// Every trajectory file, sorted; fails with the path when the corpus is missing.
-pub fn corpus_files() -> Vec<PathBuf> {
-    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../../shared/corpus/swe-gemini3");
-    let listing = std::fs::read_dir(&dir).unwrap_or_else(|e| {
-        panic!("corpus directory {} is required for this test (CI provides it): {e}", dir.display())
-    });
+pub mod shared;
+
+/// Every trajectory file of ../shared/corpus/swe-gemini3, sorted; `None` (after printing why) when
+/// the corpus is absent, see [`shared::shared_path`].
+pub fn corpus_files(test: &str) -> Option<Vec<PathBuf>> {
+    let dir = shared::shared_path(test, "corpus/swe-gemini3")?;
+    let listing = std::fs::read_dir(&dir)
+        .unwrap_or_else(|e| panic!("corpus directory {} cannot be read: {e}", dir.display()));
     let mut files: Vec<PathBuf> =
         listing.map(|e| e.unwrap().path()).filter(|p| p.extension().is_some_and(|x| x == "json")).collect();
     files.sort();
     assert!(!files.is_empty(), "no *.json trajectories in {}", dir.display());
-    files
+    Some(files)
 }
 
 /// One trajectory as entries numbered from 0, counted with [`tokens_of`].

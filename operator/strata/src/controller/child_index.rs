@@ -1,13 +1,19 @@
 //! An index of the children the controller owns, fed by metadata-only watches: per Agent, which
-//! objects exist and the spec hash each was last applied with. Small (names and hashes only).
+//! objects exist, the spec hash each was last applied with, and a fingerprint of the fields the
+//! controller owns there (from `managedFields`), so an edit by anyone else shows as drift. Small
+//! (names and hashes only).
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::{Arc, PoisonError, RwLock};
 
+use std::hash::{DefaultHasher, Hash, Hasher};
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::Resource;
 use kube::core::PartialObjectMeta;
 use kube::runtime::watcher;
 
+use crate::controller::context::FIELD_MANAGER;
 use crate::controller::labels::{ANNOTATION_SPEC_HASH, LABEL_AGENT};
 
 /// Every kind of child an Agent has.
@@ -55,6 +61,48 @@ impl ChildKind {
     }
 }
 
+/// Who owns the fields of a child, from its `managedFields`: the server-side apply record of the
+/// apiserver. Anyone else who changes a field the controller set (kubectl edit, patch, replace, a
+/// forced apply) takes that field from the controller's field set, so the fingerprint changes.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Ownership {
+    /// Hash of the controller's own field set (`strata.dev/controller`, Apply), if it has one.
+    pub owned_fields: Option<u64>,
+    /// Whether any other manager holds fields of the object itself (not a subresource).
+    pub other_managers: bool,
+}
+
+impl Ownership {
+    /// Read the ownership record of an object's metadata.
+    pub fn of(meta: &ObjectMeta) -> Self {
+        let mut ownership = Ownership::default();
+        for entry in meta.managed_fields.iter().flatten() {
+            if entry.subresource.as_deref().is_some_and(|s| !s.is_empty()) {
+                continue;
+            }
+            let ours = entry.manager.as_deref() == Some(FIELD_MANAGER)
+                && entry.operation.as_deref() == Some("Apply");
+            if ours {
+                let mut hasher = DefaultHasher::new();
+                entry.fields_v1.as_ref().map(|f| f.0.to_string()).hash(&mut hasher);
+                ownership.owned_fields = Some(hasher.finish());
+            } else {
+                ownership.other_managers = true;
+            }
+        }
+        ownership
+    }
+}
+
+/// What the index knows of one child.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+struct ChildState {
+    spec_hash: Option<String>,
+    seen: Ownership,
+    /// The controller's field-set hash right after its last apply of this child.
+    applied_fields: Option<u64>,
+}
+
 /// One observed child of an Agent.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ObservedChild {
@@ -64,16 +112,30 @@ pub struct ObservedChild {
     pub name: String,
     /// The `strata.dev/spec-hash` annotation it carries, if any.
     pub spec_hash: Option<String>,
+    /// Whether someone else changed fields the controller set since its last apply (or, before the
+    /// first apply by this process, whether any other manager holds fields of the object).
+    pub drifted: bool,
 }
 
 type AgentKey = (String, String);
 type ChildKey = (ChildKind, String);
+/// One child from a relist: its agent, name, spec hash and ownership.
+type Listed = (AgentKey, String, Option<String>, Ownership);
 
 #[derive(Default)]
 struct IndexState {
-    by_agent: HashMap<AgentKey, BTreeMap<ChildKey, Option<String>>>,
-    relisting: HashMap<ChildKind, Vec<(AgentKey, String, Option<String>)>>,
+    by_agent: HashMap<AgentKey, BTreeMap<ChildKey, ChildState>>,
+    relisting: HashMap<ChildKind, Vec<Listed>>,
     synced: HashSet<ChildKind>,
+}
+
+impl ChildState {
+    fn drifted(&self) -> bool {
+        match self.applied_fields {
+            Some(applied) => self.seen.owned_fields != Some(applied),
+            None => self.seen.other_managers,
+        }
+    }
 }
 
 /// Shared, cheap-to-clone index of observed children.
@@ -119,17 +181,18 @@ impl ChildIndex {
             .map(|children| {
                 children
                     .iter()
-                    .map(|((kind, name), spec_hash)| ObservedChild {
+                    .map(|((kind, name), child)| ObservedChild {
                         kind: *kind,
                         name: name.clone(),
-                        spec_hash: spec_hash.clone(),
+                        spec_hash: child.spec_hash.clone(),
+                        drifted: child.drifted(),
                     })
                     .collect()
             })
             .unwrap_or_default()
     }
 
-    /// Record that a child exists with `spec_hash` (after an apply, or from a watch event).
+    /// Record that a child exists with `spec_hash`, its ownership unknown (counted as undrifted).
     pub fn record(
         &self,
         kind: ChildKind,
@@ -138,12 +201,48 @@ impl ChildIndex {
         name: &str,
         spec_hash: Option<String>,
     ) {
+        self.observe(kind, namespace, agent, name, spec_hash, Ownership::default());
+    }
+
+    /// Record what a watch event showed of a child; keeps the fingerprint of the last apply.
+    pub fn observe(
+        &self,
+        kind: ChildKind,
+        namespace: &str,
+        agent: &str,
+        name: &str,
+        spec_hash: Option<String>,
+        seen: Ownership,
+    ) {
         let mut state = self.write();
-        state
+        let child = state
             .by_agent
             .entry((namespace.to_string(), agent.to_string()))
             .or_default()
-            .insert((kind, name.to_string()), spec_hash);
+            .entry((kind, name.to_string()))
+            .or_default();
+        child.spec_hash = spec_hash;
+        child.seen = seen;
+    }
+
+    /// Record the object an apply returned: its field set becomes the baseline of drift detection.
+    pub fn record_applied(
+        &self,
+        kind: ChildKind,
+        namespace: &str,
+        agent: &str,
+        name: &str,
+        spec_hash: Option<String>,
+        applied: Ownership,
+    ) {
+        let mut state = self.write();
+        let child = state
+            .by_agent
+            .entry((namespace.to_string(), agent.to_string()))
+            .or_default()
+            .entry((kind, name.to_string()))
+            .or_default();
+        *child = ChildState { spec_hash, seen: applied, applied_fields: applied.owned_fields };
     }
 
     /// Forget a child (after a delete, or from a watch event).
@@ -176,24 +275,33 @@ impl ChildIndex {
             }
             watcher::Event::InitApply(object) => {
                 if let Some((agent, name, hash)) = identify(object) {
-                    self.write().relisting.entry(kind).or_default().push((agent, name, hash));
+                    let seen = Ownership::of(&object.metadata);
+                    self.write().relisting.entry(kind).or_default().push((agent, name, hash, seen));
                 }
             }
             watcher::Event::InitDone => {
                 let mut state = self.write();
                 let listed = state.relisting.remove(&kind).unwrap_or_default();
-                for children in state.by_agent.values_mut() {
-                    children.retain(|(child_kind, _), _| *child_kind != kind);
+                let mut previous: HashMap<(AgentKey, String), Option<u64>> = HashMap::new();
+                for (agent, children) in &mut state.by_agent {
+                    children.retain(|(child_kind, name), child| {
+                        if *child_kind == kind {
+                            previous.insert((agent.clone(), name.clone()), child.applied_fields);
+                        }
+                        *child_kind != kind
+                    });
                 }
                 state.by_agent.retain(|_, children| !children.is_empty());
-                for (agent, name, hash) in listed {
-                    state.by_agent.entry(agent).or_default().insert((kind, name), hash);
+                for (agent, name, spec_hash, seen) in listed {
+                    let applied_fields = previous.get(&(agent.clone(), name.clone())).copied().flatten();
+                    let child = ChildState { spec_hash, seen, applied_fields };
+                    state.by_agent.entry(agent).or_default().insert((kind, name), child);
                 }
                 state.synced.insert(kind);
             }
             watcher::Event::Apply(object) => {
                 if let Some(((namespace, agent), name, hash)) = identify(object) {
-                    self.record(kind, &namespace, &agent, &name, hash);
+                    self.observe(kind, &namespace, &agent, &name, hash, Ownership::of(&object.metadata));
                 }
             }
             watcher::Event::Delete(object) => {
@@ -249,5 +357,57 @@ mod tests {
         assert!(!children.iter().any(|c| c.name == "stale"));
         index.apply_event(ChildKind::ConfigMap, &watcher::Event::Delete(meta("a-gateway", "a", "h1")));
         assert_eq!(index.children_of("ns", "a").len(), 1);
+    }
+
+    fn managed(entries: &[(&str, &str, &str)]) -> ObjectMeta {
+        use k8s_openapi::apimachinery::pkg::apis::meta::v1::{FieldsV1, ManagedFieldsEntry};
+        ObjectMeta {
+            managed_fields: Some(
+                entries
+                    .iter()
+                    .map(|(manager, operation, field)| ManagedFieldsEntry {
+                        manager: Some((*manager).into()),
+                        operation: Some((*operation).into()),
+                        fields_v1: Some(FieldsV1(serde_json::json!({ *field: {} }))),
+                        ..ManagedFieldsEntry::default()
+                    })
+                    .collect(),
+            ),
+            ..ObjectMeta::default()
+        }
+    }
+
+    #[test]
+    fn a_field_taken_by_another_manager_is_drift_until_reapplied() {
+        let index = ChildIndex::new_synced();
+        let applied = Ownership::of(&managed(&[(FIELD_MANAGER, "Apply", "f:spec")]));
+        index.record_applied(ChildKind::Role, "ns", "a", "a", Some("h".into()), applied);
+        assert!(!index.children_of("ns", "a")[0].drifted);
+
+        let annotated = Ownership::of(&managed(&[
+            (FIELD_MANAGER, "Apply", "f:spec"),
+            ("kubectl", "Update", "f:metadata"),
+        ]));
+        index.observe(ChildKind::Role, "ns", "a", "a", Some("h".into()), annotated);
+        assert!(!index.children_of("ns", "a")[0].drifted, "a field Strata does not set is not drift");
+
+        let edited = Ownership::of(&managed(&[
+            (FIELD_MANAGER, "Apply", "f:other"),
+            ("kubectl-edit", "Update", "f:spec"),
+        ]));
+        index.observe(ChildKind::Role, "ns", "a", "a", Some("h".into()), edited);
+        assert!(index.children_of("ns", "a")[0].drifted, "kubectl edit took f:spec from the controller");
+    }
+
+    #[test]
+    fn before_the_first_apply_only_other_managers_count_as_drift() {
+        let index = ChildIndex::new_synced();
+        let alone = Ownership::of(&managed(&[(FIELD_MANAGER, "Apply", "f:spec")]));
+        index.observe(ChildKind::Role, "ns", "a", "a", Some("h".into()), alone);
+        assert!(!index.children_of("ns", "a")[0].drifted);
+        let touched =
+            Ownership::of(&managed(&[(FIELD_MANAGER, "Apply", "f:spec"), ("kubectl", "Update", "f:x")]));
+        index.observe(ChildKind::Role, "ns", "a", "a", Some("h".into()), touched);
+        assert!(index.children_of("ns", "a")[0].drifted);
     }
 }

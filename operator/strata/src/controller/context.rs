@@ -13,6 +13,7 @@ use strata_api::{Agent, ClusterContextPolicy, CompactionJob, ContextPolicy};
 use strata_core::cache_key::MasterKey;
 
 use crate::controller::child_index::ChildIndex;
+use crate::controller::compaction::turn::AgentLocks;
 use crate::controller::error::{Error, Result};
 use crate::controller::metrics::Metrics;
 use crate::controller::prefix_cache::PrefixCache;
@@ -120,6 +121,8 @@ pub struct Context {
     pub recorder: Recorder,
     /// The time.
     pub clock: Clock,
+    /// Per-agent locks: one compaction Job per agent at a time.
+    pub compaction_turns: AgentLocks,
 }
 
 impl Context {
@@ -143,6 +146,7 @@ impl Context {
             prefixes: PrefixCache::default(),
             metrics,
             clock,
+            compaction_turns: AgentLocks::default(),
         }
     }
 

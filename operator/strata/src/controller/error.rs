@@ -66,6 +66,14 @@ pub enum Error {
         #[source]
         source: std::io::Error,
     },
+    /// An apiserver call did not answer in time.
+    #[error("{action}: no answer within {after:?}")]
+    Timeout {
+        /// What was being done.
+        action: String,
+        /// The timeout.
+        after: Duration,
+    },
     /// The controller lost its leader Lease and stops so that a standby can take over.
     #[error("lost the leader Lease {namespace}/{name} to {holder}; stopping so the new leader alone writes")]
     LostLeadership {
@@ -109,6 +117,7 @@ impl Error {
             Error::CacheIdentity(_) => "cache_identity",
             Error::Serve { .. } => "serve",
             Error::LostLeadership { .. } => "lost_leadership",
+            Error::Timeout { .. } => "timeout",
         }
     }
 

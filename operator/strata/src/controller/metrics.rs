@@ -1,4 +1,5 @@
-//! Prometheus metrics of the controller: reconciles, errors by reason, durations, leadership.
+//! Prometheus metrics of the controller: reconciles, errors by reason, durations, leadership, and
+//! the apiserver requests it made (by HTTP method, refused writes counted apart).
 
 use std::time::{Duration, Instant};
 
@@ -15,6 +16,8 @@ pub struct Metrics {
     errors: IntCounterVec,
     duration: HistogramVec,
     leader: IntGauge,
+    requests: IntCounterVec,
+    refused_writes: prometheus::IntCounter,
 }
 
 impl Metrics {
@@ -45,8 +48,21 @@ impl Metrics {
         registry.register(Box::new(reconciles.clone()))?;
         registry.register(Box::new(errors.clone()))?;
         registry.register(Box::new(duration.clone()))?;
+        let requests = IntCounterVec::new(
+            Opts::new(
+                "strata_controller_apiserver_requests_total",
+                "Requests sent to the apiserver, by client (reconcilers or leader-election) and HTTP method; a watch counts once, when opened",
+            ),
+            &["client", "method"],
+        )?;
+        let refused_writes = prometheus::IntCounter::new(
+            "strata_controller_refused_writes_total",
+            "Writes refused before they were sent because this replica was not (or no longer) the leader",
+        )?;
         registry.register(Box::new(leader.clone()))?;
-        Ok(Metrics { registry, reconciles, errors, duration, leader })
+        registry.register(Box::new(requests.clone()))?;
+        registry.register(Box::new(refused_writes.clone()))?;
+        Ok(Metrics { registry, reconciles, errors, duration, leader, requests, refused_writes })
     }
 
     /// Record one reconcile of `controller`.
@@ -68,6 +84,16 @@ impl Metrics {
         let result = reconcile.await;
         self.observe(controller, started.elapsed(), result.as_ref().err());
         result
+    }
+
+    /// Count one request `client` sent to the apiserver.
+    pub fn count_request(&self, client: &str, method: &str) {
+        self.requests.with_label_values(&[client, method]).inc();
+    }
+
+    /// Count one write refused because this replica does not lead.
+    pub fn count_refused_write(&self) {
+        self.refused_writes.inc();
     }
 
     /// Set whether this replica leads.

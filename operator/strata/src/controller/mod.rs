@@ -6,6 +6,7 @@
 
 pub mod agent;
 pub mod child_index;
+pub mod client;
 pub mod compaction;
 pub mod conditions;
 pub mod context;
@@ -26,10 +27,11 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 use anyhow::Context as _;
 use futures::FutureExt;
-use kube::Client;
+use kube::Config;
 
+use client::Purpose;
 use context::{Settings, system_clock};
-use leader::{LeaderElector, LeaseSettings};
+use leader::{LeaderElector, Leadership, LeaseSettings};
 use metrics::Metrics;
 use server::Probes;
 
@@ -66,6 +68,10 @@ pub struct ControllerArgs {
     /// The operator's namespace (master key Secret, Lease); defaults to $POD_NAMESPACE, then strata-system.
     #[arg(long)]
     pub operator_namespace: Option<String>,
+    /// Every Agent is reconciled at least this often, in seconds (picks up edits of the ConfigMaps
+    /// it references, which are not watched). A settled Agent's resync makes no writes.
+    #[arg(long, default_value_t = 300, value_parser = clap::value_parser!(u64).range(10..=86_400))]
+    pub resync_seconds: u64,
 }
 
 /// Run the operator until SIGTERM or Ctrl-C.
@@ -90,13 +96,21 @@ async fn run_operator(args: &ControllerArgs) -> anyhow::Result<()> {
     let identity = std::env::var("POD_NAME")
         .or_else(|_| std::env::var("HOSTNAME"))
         .unwrap_or_else(|_| format!("strata-controller-{}", std::process::id()));
-    let settings = Settings::new(
+    let mut settings = Settings::new(
         &args.gateway_image,
         args.compactor_image.as_deref().unwrap_or(&args.gateway_image),
         &operator_namespace,
     );
-    let client = Client::try_default().await.context("building a Kubernetes client")?;
+    settings.resync_interval = std::time::Duration::from_secs(args.resync_seconds);
     let metrics = Arc::new(Metrics::new().context("registering metrics")?);
+    let config = Config::infer().await.context("reading the Kubernetes client configuration")?;
+    let leadership =
+        if args.no_leader_election { Leadership::unconditional() } else { Leadership::elected() };
+    let client =
+        client::build(config.clone(), metrics.clone(), Purpose::Reconcilers, Some(leadership.clone()))
+            .context("building a Kubernetes client")?;
+    let election_client = client::build(config, metrics.clone(), Purpose::LeaderElection, None)
+        .context("building the leader election client")?;
     let ready = Arc::new(AtomicBool::new(false));
 
     let (stop, stopped) = tokio::sync::watch::channel(false);
@@ -118,9 +132,10 @@ async fn run_operator(args: &ControllerArgs) -> anyhow::Result<()> {
     let elector = (!args.no_leader_election).then(|| {
         let lease_namespace = args.lease_namespace.clone().unwrap_or_else(|| operator_namespace.clone());
         LeaderElector::new(
-            client.clone(),
+            election_client,
             LeaseSettings::new(&lease_namespace, &args.lease_name, &identity),
             system_clock(),
+            leadership.clone(),
         )
     });
     if let Some(elector) = &elector {

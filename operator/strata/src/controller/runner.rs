@@ -1,6 +1,6 @@
 //! Wiring: the four kube-runtime Controllers, their watches and caches, bounded concurrency, and
-//! graceful shutdown. Children and namespaces are watched metadata-only; Secrets and ConfigMaps
-//! are never cached.
+//! graceful shutdown. Children and namespaces are watched metadata-only (a child's `managedFields`
+//! feed drift detection, then are dropped); Secrets and ConfigMaps are never cached.
 
 use std::fmt::Debug;
 use std::future::Future;
@@ -54,11 +54,11 @@ where
     let config = watcher::Config::default().labels(MANAGED_SELECTOR);
     watcher(Api::<PartialObjectMeta<K>>::all(client.clone()), config)
         .default_backoff()
-        .modify(|object| object.managed_fields_mut().clear())
         .map_ok(move |event| {
             index.apply_event(kind, &event);
             event
         })
+        .modify(|object| object.managed_fields_mut().clear())
         .touched_objects()
 }
 

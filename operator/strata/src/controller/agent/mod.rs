@@ -13,7 +13,10 @@ pub mod validate;
 use std::sync::Arc;
 use std::time::Duration;
 
+use k8s_openapi::api::core::v1::Namespace;
+use kube::core::PartialObjectMeta;
 use kube::runtime::controller::Action;
+use kube::runtime::reflector::ObjectRef;
 use strata_api::Agent;
 
 use crate::controller::context::Context;
@@ -59,6 +62,11 @@ pub async fn reconcile_agent(agent: &Agent, ctx: &Context) -> Result<(ReconcileR
         return Ok((report, true));
     }
     ctx.caches.ensure_synced().await?;
+    let namespace_ref = ObjectRef::<PartialObjectMeta<Namespace>>::new(&namespace);
+    if ctx.caches.namespaces.get(&namespace_ref).is_some_and(|ns| ns.metadata.deletion_timestamp.is_some()) {
+        // The namespace is being deleted with everything in it: nothing may be created there.
+        return Ok((report, true));
+    }
 
     let inputs = dereference::dereference(agent, ctx).await?;
     let validation = validate::validate(agent, &inputs, &ctx.prefixes, &ctx.master_key)?;

@@ -5,15 +5,18 @@ use std::sync::Arc;
 
 use strata_api::Agent;
 use strata_api::agent::Provider;
-use strata_api::effective::{PolicyInputs, Resolution, resolve};
+use strata_api::effective::{EffectivePolicy, PolicyInputs, Resolution, resolve};
 use strata_api::status::{CONDITION_POLICY_RESOLVED, CONDITION_REFERENCES_RESOLVED};
 use strata_core::cache_key::{CacheKey, CacheKeyInputs, MasterKey, compute_cache_key, derive_tenant_key};
 use strata_core::prefix::{StablePrefixManifest, StablePrefixSources};
+use strata_core::redaction::Redactor;
+use strata_core::retention::Classifier;
 use strata_core::tokens::TokenizerKind;
 
 use crate::controller::agent::dereference::{AgentInputs, Fetched, PolicyLookup};
 use crate::controller::error::{Error, Result};
 use crate::controller::prefix_cache::{PrefixCache, PrefixFailure};
+use crate::engine_policy;
 
 /// Longest Agent name: the StatefulSet's pods get a `controller-revision-hash` label of
 /// `<name>-<10 characters>`, which must fit in 63.
@@ -160,7 +163,10 @@ pub fn validate(
         context_window: Some(agent.spec.model.context_window),
     });
     let resolution = match resolution {
-        Ok(resolution) => Some(resolution),
+        Ok(resolution) => {
+            problems.extend(engine_problems(&resolution.policy));
+            Some(resolution)
+        }
         Err(error) => {
             problems.push(Problem::policy("PolicyInvalid", error.to_string()));
             None
@@ -206,6 +212,30 @@ pub fn validate(
         endpoint,
         warnings,
     })))
+}
+
+/// What the gateway would refuse to load in the effective policy: a `contentRegex` of a retention
+/// rule or a `redaction.extraPatterns` entry that is not a valid regular expression, or an
+/// inconsistent retention rule. Refused here, the agent keeps its last good children instead of
+/// getting a sidecar that cannot start.
+pub fn engine_problems(policy: &EffectivePolicy) -> Vec<Problem> {
+    let mut problems = Vec::new();
+    let fix = "fix it in the policy that sets it (status.effectivePolicy names the source of each field)";
+    if let Err(error) = Redactor::new(policy.redaction.enabled, &policy.redaction.extra_patterns) {
+        problems.push(Problem::policy("InvalidPattern", format!("{error}; {fix}")));
+    }
+    match engine_policy::retention_rules(&policy.retention) {
+        Ok(rules) => {
+            if let Err(error) = Classifier::new(rules) {
+                problems.push(Problem::policy("InvalidRetentionRule", format!("{error}; {fix}")));
+            }
+        }
+        Err(error) => problems.push(Problem::policy(
+            "InvalidRetentionRule",
+            format!("the retention rules do not fit the engine's shape: {error}"),
+        )),
+    }
+    problems
 }
 
 fn text_or_problem(fetched: Option<&Fetched>, field: &str, problems: &mut Vec<Problem>) -> Option<String> {

@@ -53,6 +53,9 @@ pub fn compact_args(compaction: &CompactionJob) -> Vec<String> {
     };
     let mut args: Vec<String> =
         ["compact", "--data-dir", DATA_DIR, "--mode", mode].map(String::from).to_vec();
+    if let Some(reason) = &spec.reason {
+        args.extend(["--reason".into(), reason.clone()]);
+    }
     if let Some(instruction) = &spec.resume_instruction {
         args.extend(["--resume-instruction".into(), instruction.clone()]);
     }

@@ -6,6 +6,7 @@
 pub mod job;
 pub mod queue;
 pub mod record;
+pub mod turn;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -21,7 +22,6 @@ use serde_json::json;
 use strata_api::compaction_job::{CompactionJobStatus, CompactionPhase, CompactionRecord, QualityCheck};
 use strata_api::{Agent, CompactionJob};
 
-use crate::controller::agent::budget::jobs_for_agent;
 use crate::controller::agent::dereference::pod_name;
 use crate::controller::context::{COMPACTION_FIELD_MANAGER, Context, FIELD_MANAGER};
 use crate::controller::error::{Error, Result, name_of, namespace_of};
@@ -63,18 +63,21 @@ pub async fn reconcile_compaction(compaction: &CompactionJob, ctx: &Context) -> 
         .await
         .map_err(|e| Error::kube(format!("reading Job {namespace}/{job_name}"), e))?;
     let Some(existing) = existing else {
-        let peers = jobs_for_agent(ctx, &namespace, agent_name);
-        if let Some(first) = queue::runnable(&peers)
-            && first.metadata.name.as_deref() != Some(name.as_str())
-        {
-            let waiting_for = first.metadata.name.clone().unwrap_or_default();
+        // The agent's turn is decided under its lock and on live reads, so that two CompactionJobs
+        // created in the same second cannot both start a Job on the one volume.
+        let _turn = ctx.compaction_turns.lock(&namespace, agent_name).await;
+        let running = turn::unfinished_jobs(ctx, &namespace, agent_name).await?;
+        let peers = turn::compaction_jobs_of(ctx, &namespace, agent_name).await?;
+        let first = queue::runnable(&peers).and_then(|first| first.metadata.name.clone());
+        let blocker = running.first().cloned().or(first.filter(|first| *first != name));
+        if let Some(waiting_for) = blocker {
             let status = CompactionJobStatus {
                 phase: Some(CompactionPhase::Pending),
                 reason: Some("WaitingForActiveJob".into()),
                 observed_generation: compaction.metadata.generation,
                 ..current.clone()
             };
-            let note = format!("CompactionJob {waiting_for} runs first on Agent {agent_name}");
+            let note = format!("{waiting_for} runs first on Agent {agent_name}; one compaction at a time");
             transition(ctx, compaction, &current, status, EventType::Normal, "Waiting", &note).await?;
             return Ok(Action::requeue(POLL_INTERVAL));
         }
@@ -184,13 +187,18 @@ async fn record_last_compaction(
     finished_at: Option<Time>,
 ) -> Result<()> {
     let agents: Api<Agent> = Api::namespaced(ctx.client.clone(), namespace);
-    let patch = json!({"status": {"lastCompaction": {
-        "jobName": job,
-        "compactionId": record.compaction_id,
-        "tokensBefore": record.tokens_before,
-        "tokensAfter": record.tokens_after,
-        "finishedAt": finished_at,
-    }}});
+    // The record's result generation is the journal's CURRENT generation from now on (compaction,
+    // purge and rollback are the only ways it changes), so it is also `status.journal`.
+    let patch = json!({"status": {
+        "lastCompaction": {
+            "jobName": job,
+            "compactionId": record.compaction_id,
+            "tokensBefore": record.tokens_before,
+            "tokensAfter": record.tokens_after,
+            "finishedAt": finished_at,
+        },
+        "journal": {"generation": record.result_generation},
+    }});
     let params =
         PatchParams { field_manager: Some(COMPACTION_FIELD_MANAGER.into()), ..PatchParams::default() };
     agents

@@ -1,0 +1,173 @@
+//! `fleet-bench N`: the operator at scale on a real control plane. Creates N Agents (100 per
+//! namespace, with the ConfigMaps they refer to) against the controller that `e2e/control-plane.sh
+//! --bench N` runs, and reports: the time until every Agent has its StatefulSet and `status.prefix`,
+//! the controller's RSS, apiserver requests per reconcile while converging, and the writes of a quiet
+//! window longer than one resync. Prints one Markdown table row for BENCHMARKS.md.
+
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::apps::v1::StatefulSet;
+use k8s_openapi::api::core::v1::ConfigMap;
+use kube::api::{ListParams, PostParams};
+use kube::{Api, Client};
+use strata_api::Agent;
+use strata_e2e::{
+    E2eError, TempNamespace, client, controller_metrics, controller_pid, controller_writes, install_crds,
+    load_documents, metric_sum, repo_root, samples_dir,
+};
+
+const AGENTS_PER_NAMESPACE: usize = 100;
+const CREATES_IN_FLIGHT: usize = 32;
+
+fn rss_mib(pid: i32) -> f64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .ok()
+        .and_then(|status| {
+            let line = status.lines().find(|l| l.starts_with("VmRSS:"))?;
+            line.split_whitespace().nth(1)?.parse::<f64>().ok()
+        })
+        .map_or(f64::NAN, |kib| kib / 1024.0)
+}
+
+async fn count_all<K>(
+    api: &Api<K>,
+    selector: Option<&str>,
+    done: impl Fn(&K) -> bool,
+) -> Result<usize, E2eError>
+where
+    K: Clone + k8s_openapi::serde::de::DeserializeOwned + std::fmt::Debug + kube::Resource,
+{
+    let mut params = ListParams::default().limit(500);
+    if let Some(selector) = selector {
+        params = params.labels(selector);
+    }
+    let mut count = 0;
+    loop {
+        let page = api.list(&params).await?;
+        count += page.items.iter().filter(|item| done(item)).count();
+        match page.metadata.continue_ {
+            Some(token) if !token.is_empty() => params = params.continue_token(&token),
+            _ => return Ok(count),
+        }
+    }
+}
+
+fn requests(text: &str) -> f64 {
+    metric_sum(text, "strata_controller_apiserver_requests_total", "client=\"reconcilers\"")
+}
+
+fn reconciles(text: &str) -> f64 {
+    metric_sum(text, "strata_controller_reconciles_total", "controller=\"agent\"")
+}
+
+async fn create_namespace(
+    client: &Client,
+    index: usize,
+    template: &Agent,
+    maps: &[ConfigMap],
+) -> Result<TempNamespace, E2eError> {
+    let namespace =
+        TempNamespace::create(client, &format!("bench{index}"), &[("strata.dev/fleet", "always-on")]).await?;
+    let config_maps: Api<ConfigMap> = Api::namespaced(client.clone(), &namespace.name);
+    for map in maps {
+        let mut map = map.clone();
+        map.metadata.namespace = Some(namespace.name.clone());
+        config_maps.create(&PostParams::default(), &map).await?;
+    }
+    let agents: Api<Agent> = Api::namespaced(client.clone(), &namespace.name);
+    let numbers: Vec<usize> = (0..AGENTS_PER_NAMESPACE).collect();
+    for batch in numbers.chunks(CREATES_IN_FLIGHT) {
+        let creates = batch.iter().map(|n| {
+            let mut agent = template.clone();
+            agent.metadata.name = Some(format!("agent-{n:03}"));
+            let agents = agents.clone();
+            async move { agents.create(&PostParams::default(), &agent).await.map(|_| ()) }
+        });
+        for result in futures::future::join_all(creates).await {
+            result?;
+        }
+    }
+    Ok(namespace)
+}
+
+#[tokio::main]
+async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let total: usize = std::env::args().nth(1).ok_or("usage: fleet-bench N")?.parse()?;
+    let quiet_seconds: u64 = std::env::args().nth(2).map_or(Ok(75), |s| s.parse())?;
+    let client = client().await?;
+    install_crds(&client).await?;
+    let references = repo_root().join("operator/strata/tests/golden/fleet-references.yaml");
+    let maps: Vec<ConfigMap> = load_documents(&references)?
+        .into_iter()
+        .filter(|d| d["kind"] == "ConfigMap")
+        .map(serde_json::from_value)
+        .collect::<Result<_, _>>()?;
+    let doc = load_documents(&samples_dir().join("strata_v1alpha1_agent.yaml"))?.remove(0);
+    let mut template: Agent = serde_json::from_value(doc)?;
+    template.spec.context_policy_ref = None;
+
+    let pid = controller_pid();
+    let start_metrics = controller_metrics().await;
+    let started = Instant::now();
+    let namespaces = total.div_ceil(AGENTS_PER_NAMESPACE);
+    let mut created = Vec::new();
+    for index in 0..namespaces {
+        created.push(create_namespace(&client, index, &template, &maps).await?);
+    }
+    let created_after = started.elapsed();
+    eprintln!("created {total} Agents in {namespaces} namespaces in {created_after:.1?}");
+
+    let sets: Api<StatefulSet> = Api::all(client.clone());
+    let agents: Api<Agent> = Api::all(client.clone());
+    let mut peak_rss = rss_mib(pid);
+    let converged = loop {
+        let with_status =
+            count_all(&agents, None, |a: &Agent| a.status.as_ref().is_some_and(|s| s.prefix.is_some()))
+                .await?;
+        let with_children =
+            count_all(&sets, Some("app.kubernetes.io/managed-by=strata-operator"), |_: &StatefulSet| true)
+                .await?;
+        peak_rss = peak_rss.max(rss_mib(pid));
+        eprintln!(
+            "{:>6.1?}: {with_children}/{total} StatefulSets, {with_status}/{total} statuses, RSS {peak_rss:.1} MiB",
+            started.elapsed()
+        );
+        if with_status >= total && with_children >= total {
+            break started.elapsed();
+        }
+        if started.elapsed() > Duration::from_secs(1800) {
+            return Err(format!(
+                "not converged after 30 min: {with_children} StatefulSets, {with_status} statuses"
+            )
+            .into());
+        }
+        tokio::time::sleep(Duration::from_secs(2)).await;
+    };
+    let converged_metrics = controller_metrics().await;
+    let per_reconcile = (requests(&converged_metrics) - requests(&start_metrics))
+        / (reconciles(&converged_metrics) - reconciles(&start_metrics)).max(1.0);
+    let rss_converged = rss_mib(pid);
+
+    // Let the last watch events land, then watch a window longer than one resync.
+    tokio::time::sleep(Duration::from_secs(10)).await;
+    let writes_before = controller_writes().await;
+    let reconciles_before = reconciles(&controller_metrics().await);
+    tokio::time::sleep(Duration::from_secs(quiet_seconds)).await;
+    let quiet_metrics = controller_metrics().await;
+    let quiet_writes = controller_writes().await - writes_before;
+    let quiet_reconciles = reconciles(&quiet_metrics) - reconciles_before;
+    let rss_quiet = rss_mib(pid);
+    peak_rss = peak_rss.max(rss_quiet);
+
+    println!(
+        "| {total} | {:.0} s | {:.1} MiB | {:.1} MiB | {:.1} MiB | {per_reconcile:.1} | {quiet_reconciles:.0} reconciles, {quiet_writes:.0} writes in {quiet_seconds} s |",
+        converged.as_secs_f64(),
+        rss_converged,
+        peak_rss,
+        rss_quiet
+    );
+    for namespace in created {
+        namespace.delete().await?;
+    }
+    Ok(())
+}
