@@ -168,4 +168,29 @@ mod tests {
         assert_eq!(settings.required_fields.len(), policy.compaction.required_fields.len());
         assert_eq!(settings.keep_recent_entries, 8);
     }
+
+    #[test]
+    fn session_settings_follow_the_policy_and_the_provider() {
+        let mut policy = EffectivePolicy::default();
+        policy.compaction.automatic = false;
+        policy.compaction.trigger_percent = 70;
+        let settings =
+            session_settings(&policy, Provider::Anthropic, 100_000, Tokenizer::Cl100kBase, "ns", "tenant")
+                .unwrap();
+        assert_eq!(settings.api, Api::Anthropic);
+        assert_eq!(settings.limit, 100_000);
+        assert!(!settings.automatic_compaction);
+        assert_eq!(settings.compaction_trigger_percent, 70);
+        assert_eq!(settings.tokenizer, TokenizerKind::Cl100kBase);
+        assert_eq!(settings.tenant, "ns");
+        assert_eq!(settings.compaction.privacy_scope, "tenant");
+        let openai =
+            session_settings(&policy, Provider::OpenAICompatible, 100_000, Tokenizer::O200kBase, "ns", "t")
+                .unwrap();
+        assert_eq!(openai.api, Api::OpenAi);
+        policy.redaction.extra_patterns = vec!["(".into()];
+        let error = session_settings(&policy, Provider::OpenAI, 100_000, Tokenizer::O200kBase, "ns", "t")
+            .unwrap_err();
+        assert!(matches!(error, PolicyError::Redaction(_)), "{error}");
+    }
 }
