@@ -13,8 +13,9 @@
 #
 #   e2e/control-plane.sh                 the cluster tests
 #   e2e/control-plane.sh --bench N [S]   instead: the scale bench with N Agents and an S-second quiet
-#                                        window (default 75; the controller resyncs every 60 s), on a
-#                                        release build; prints a row for BENCHMARKS.md
+#                                        window (default 75; the controller resyncs every 60 s);
+#                                        prints a row for BENCHMARKS.md. STRATA_E2E_PROFILE=release
+#                                        (the default for --bench) or debug picks the build.
 #
 # Env: STRATA_K8S (default ../shared/k8s), the control plane's *_PORT variables (see its README),
 #      STRATA_E2E_METRICS_PORT (28080), STRATA_E2E_KEEP=1 keeps the work directory and logs.
@@ -96,9 +97,14 @@ current-context: test
 EOF
 chmod 600 "$WORK/controller.kubeconfig"
 
-if [ -n "$BENCH" ]; then
+PROFILE=${STRATA_E2E_PROFILE:-release}
+if [ -n "$BENCH" ] && [ "$PROFILE" = release ]; then
   cargo build -q --release -p strata --locked
   STRATA_BIN=$ROOT/target/release/strata
+  RESYNC=60 LOG=info
+elif [ -n "$BENCH" ]; then
+  cargo build -q -p strata --locked
+  STRATA_BIN=$ROOT/target/debug/strata
   RESYNC=60 LOG=info
 else
   cargo build -q -p strata --locked
@@ -136,7 +142,11 @@ export STRATA_E2E_CONTROLLER_METRICS=127.0.0.1:$METRICS_PORT
 export STRATA_E2E_CONTROL_PLANE=$PLANE
 export STRATA_E2E_K8S=$K8S
 if [ -n "$BENCH" ]; then
-  cargo run -q --release -p strata-e2e --locked --bin fleet-bench -- "$BENCH" "$QUIET"
+  if [ "$PROFILE" = release ]; then
+    cargo run -q --release -p strata-e2e --locked --bin fleet-bench -- "$BENCH" "$QUIET"
+  else
+    cargo run -q -p strata-e2e --locked --bin fleet-bench -- "$BENCH" "$QUIET"
+  fi
   exit 0
 fi
 set +e
