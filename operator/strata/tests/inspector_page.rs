@@ -237,6 +237,9 @@ async fn the_page_shows_what_the_json_endpoints_say() {
     let refs = detail["dataRefs"].as_array().unwrap();
     assert_eq!(refs.len(), 1, "{detail}");
     assert!(refs[0].as_str().unwrap().starts_with("art:sha256:"));
+    // The table names it too, without opening the entry.
+    assert_eq!(spilled["dataRefs"], detail["dataRefs"], "the listing and the detail agree");
+    assert!(dom.contains(&format!("data_ref {}", refs[0].as_str().unwrap())), "the row shows the data_ref");
     let missing =
         harness.client.get(format!("http://{metrics}/strata/v1/entries/msg_999999")).send().await.unwrap();
     assert_eq!(missing.status(), 404);

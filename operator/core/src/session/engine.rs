@@ -264,6 +264,9 @@ pub struct EntrySummary {
     pub created_at_ms: u64,
     /// sha256 of the content.
     pub content_hash: String,
+    /// Artifacts holding the entry's full output (spilled, or elided from the window).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub data_refs: Vec<String>,
 }
 
 /// The lower limits the inspector simulates, in percent of the real limit.
@@ -1004,15 +1007,17 @@ impl SessionEngine {
             .map(|entry| {
                 let id = entry.id.to_string();
                 let decision = window.get(id.as_str());
+                let reason = decision.map_or(InclusionReason::Journal, |d| d.reason);
                 EntrySummary {
                     retention: entry.retention,
                     role: entry.role,
                     tokens: entry.tokens,
                     window_tokens: decision.map_or(0, |d| d.tokens),
                     included: decision.is_some_and(|d| d.included),
-                    reason: decision.map_or(InclusionReason::Journal, |d| d.reason),
+                    reason,
                     created_at_ms: entry.created_at_ms,
                     content_hash: entry.content_hash.clone(),
+                    data_refs: super::inspect::data_refs(entry, reason).into_iter().collect(),
                     id,
                 }
             })

@@ -109,6 +109,18 @@ fn entry_text(entry: &Entry) -> String {
     parts.join("\n")
 }
 
+/// The artifacts that hold an entry's full output: its spilled bodies, and the elided copy when the
+/// window shows only its head.
+pub(crate) fn data_refs(entry: &Entry, reason: InclusionReason) -> BTreeSet<String> {
+    let mut refs: BTreeSet<String> = entry.artifact_refs.iter().map(ToString::to_string).collect();
+    if reason == InclusionReason::Elided {
+        for result in &entry.content.tool_results {
+            refs.insert(ArtifactRef::for_bytes(result.output.as_bytes()).to_string());
+        }
+    }
+    refs
+}
+
 impl SessionEngine {
     /// The journaled content of entry `id` of the live generation, or `None` when there is no such
     /// entry.
@@ -120,14 +132,8 @@ impl SessionEngine {
             .find(|decision| decision.tier == 2 && decision.id == id)
             .map_or(InclusionReason::Journal, |decision| decision.reason);
         let text = entry_text(entry);
-        let mut refs: BTreeSet<String> =
-            artifact_ref_pattern().find_iter(&text).map(|found| found.as_str().to_owned()).collect();
-        refs.extend(entry.artifact_refs.iter().map(ToString::to_string));
-        if reason == InclusionReason::Elided {
-            for result in &entry.content.tool_results {
-                refs.insert(ArtifactRef::for_bytes(result.output.as_bytes()).to_string());
-            }
-        }
+        let mut refs = data_refs(entry, reason);
+        refs.extend(artifact_ref_pattern().find_iter(&text).map(|found| found.as_str().to_owned()));
         Some(EntryDetail {
             id: id.to_owned(),
             role: entry.role,
