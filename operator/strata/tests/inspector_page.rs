@@ -239,7 +239,10 @@ async fn the_page_shows_what_the_json_endpoints_say() {
     assert!(refs[0].as_str().unwrap().starts_with("art:sha256:"));
     // The table names it too, without opening the entry.
     assert_eq!(spilled["dataRefs"], detail["dataRefs"], "the listing and the detail agree");
-    assert!(dom.contains(&format!("data_ref {}", refs[0].as_str().unwrap())), "the row shows the data_ref");
+    assert!(
+        attribute_values(&dom, "data-ref").contains(&refs[0].as_str().unwrap().to_owned()),
+        "the row names the data_ref"
+    );
     let missing =
         harness.client.get(format!("http://{metrics}/strata/v1/entries/msg_999999")).send().await.unwrap();
     assert_eq!(missing.status(), 404);
