@@ -38,8 +38,8 @@ pub fn router(gateway: Arc<Gateway>) -> Router {
 /// The metrics router. It also serves the read-only Context Inspector (the page and the JSON it
 /// reads), so that `kubectl strata inspect` can reach it through a port-forward or the apiserver's
 /// pod proxy (the API listener is loopback-only). In a cluster the agent's NetworkPolicy admits this
-/// port from the operator's namespace only. `entries/{id}` shows an entry's content, redacted as it
-/// was journaled.
+/// port from the agent's own namespace and the operator's namespace only. `entries/{id}` shows an
+/// entry's content, redacted as it was journaled.
 pub fn metrics_router(gateway: Arc<Gateway>) -> Router {
     Router::new()
         .route("/metrics", get(metrics))
