@@ -138,6 +138,15 @@ pub struct Removal {
     pub recoverable: bool,
 }
 
+impl Removal {
+    /// A removal of `text` before call `removed_before_call`; its tokens are estimated at four
+    /// characters each (the read-back slice is capped far below where the estimate matters).
+    pub fn new(id: String, removed_before_call: usize, text: String, recoverable: bool) -> Self {
+        let tokens = (text.chars().count() as u64).div_ceil(4);
+        Removal { id, removed_before_call, text, tokens, recoverable }
+    }
+}
+
 /// A detected use of removed content.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "camelCase")]

@@ -33,9 +33,11 @@ use super::transcript::{Transcript, TranscriptMessage};
 /// Uses of removed content kept per policy report as examples.
 const MAX_READ_BACK_EXAMPLES: usize = 3;
 
-/// Rough tokens of a removed text (the read-back slice is capped far below where this matters).
-fn approximate_tokens(text: &str) -> u64 {
-    (text.chars().count() as u64).div_ceil(4)
+/// Follows what the engine moved off-window (spilled or elided, each behind a `data_ref`).
+fn track_offloaded(tracker: &mut ReadBackTracker, offloaded: &[(ArtifactRef, String)], before_call: usize) {
+    for (data_ref, text) in offloaded {
+        tracker.removed(Removal::new(data_ref.to_string(), before_call, text.clone(), true));
+    }
 }
 
 /// What the model wrote in an assistant message: its text and its tool calls' arguments.
@@ -394,14 +396,12 @@ fn replay_anchor(
         }
         let cost = cache.price(&blocks, times[call]);
         for (i, recoverable) in newly_removed {
-            let text = messages[i].text.clone();
-            tracker.removed(Removal {
-                id: format!("message {i}"),
-                removed_before_call: call,
-                tokens: approximate_tokens(&text),
-                text,
+            tracker.removed(Removal::new(
+                format!("message {i}"),
+                call,
+                messages[i].text.clone(),
                 recoverable,
-            });
+            ));
         }
         if tracker.pending() > 0 && end < messages.len() {
             let mut prompt: Option<String> = None;
@@ -516,15 +516,7 @@ pub fn replay_strata(
                 continue;
             }
         };
-        for (data_ref, text) in &admitted.offloaded {
-            tracker.removed(Removal {
-                id: data_ref.to_string(),
-                removed_before_call: call,
-                tokens: approximate_tokens(text),
-                text: text.clone(),
-                recoverable: true,
-            });
-        }
+        track_offloaded(&mut tracker, &admitted.offloaded, call);
         report.compactions += admitted.compactions;
         report.spills += admitted.spilled_outputs;
         report.deduplications += admitted.deduplicated_outputs;
@@ -550,15 +542,7 @@ pub fn replay_strata(
         report.elisions += effects.elided_entries;
         report.expirations += effects.expired_entries;
         events.extend(effects.events());
-        for (data_ref, text) in &effects.offloaded {
-            tracker.removed(Removal {
-                id: data_ref.to_string(),
-                removed_before_call: call + 1,
-                tokens: approximate_tokens(text),
-                text: text.clone(),
-                recoverable: true,
-            });
-        }
+        track_offloaded(&mut tracker, &effects.offloaded, call + 1);
         report.record(cost, reserved, settings.limit, events);
         stored.extend(effects.offloaded);
         engine

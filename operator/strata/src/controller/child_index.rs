@@ -129,6 +129,17 @@ struct IndexState {
     synced: HashSet<ChildKind>,
 }
 
+impl IndexState {
+    /// The entry of one child, created empty when the index has not seen it yet.
+    fn child_mut(&mut self, kind: ChildKind, namespace: &str, agent: &str, name: &str) -> &mut ChildState {
+        self.by_agent
+            .entry((namespace.to_string(), agent.to_string()))
+            .or_default()
+            .entry((kind, name.to_string()))
+            .or_default()
+    }
+}
+
 impl ChildState {
     fn drifted(&self) -> bool {
         match self.applied_fields {
@@ -215,12 +226,7 @@ impl ChildIndex {
         seen: Ownership,
     ) {
         let mut state = self.write();
-        let child = state
-            .by_agent
-            .entry((namespace.to_string(), agent.to_string()))
-            .or_default()
-            .entry((kind, name.to_string()))
-            .or_default();
+        let child = state.child_mut(kind, namespace, agent, name);
         child.spec_hash = spec_hash;
         child.seen = seen;
     }
@@ -236,12 +242,7 @@ impl ChildIndex {
         applied: Ownership,
     ) {
         let mut state = self.write();
-        let child = state
-            .by_agent
-            .entry((namespace.to_string(), agent.to_string()))
-            .or_default()
-            .entry((kind, name.to_string()))
-            .or_default();
+        let child = state.child_mut(kind, namespace, agent, name);
         *child = ChildState { spec_hash, seen: applied, applied_fields: applied.owned_fields };
     }
 
