@@ -94,7 +94,13 @@ pub fn find_duplicates(entries: &[Entry]) -> Vec<Duplicate> {
         .collect()
 }
 
-/// The window text that replaces a duplicated output.
-pub fn render_duplicate(original: EntryId) -> String {
-    format!("[identical to the output of {original}]")
+/// The window text that replaces a duplicated output: the earlier entry, and the artifacts that
+/// hold the output byte-exact, so the reference still opens once that entry left the window
+/// (expired, purged or compacted).
+pub fn render_duplicate(original: EntryId, data_refs: &[crate::artifacts::ArtifactRef]) -> String {
+    if data_refs.is_empty() {
+        return format!("[identical to the output of {original}]");
+    }
+    let refs: Vec<String> = data_refs.iter().map(ToString::to_string).collect();
+    format!("[identical to the output of {original}; data_ref {}]", refs.join(", "))
 }

@@ -52,7 +52,12 @@ fn later_identical_outputs_point_at_the_earliest() {
         find_duplicates(&entries),
         vec![Duplicate { later: id(4), original: id(1) }, Duplicate { later: id(5), original: id(1) }]
     );
-    assert_eq!(render_duplicate(id(1)), "[identical to the output of tool_res_1]");
+    assert_eq!(render_duplicate(id(1), &[]), "[identical to the output of tool_res_1]");
+    let data_ref = strata_core::artifacts::ArtifactRef::for_bytes(b"out");
+    assert_eq!(
+        render_duplicate(id(1), std::slice::from_ref(&data_ref)),
+        format!("[identical to the output of tool_res_1; data_ref {data_ref}]")
+    );
 }
 
 #[test]

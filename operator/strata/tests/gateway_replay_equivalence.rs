@@ -6,62 +6,15 @@
 
 mod gateway_support;
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
-use gateway_support::{FakeUpstream, Reply, args, config, write_config};
+use gateway_support::corpus::{files, load, reply_of, seed_003, shared};
+use gateway_support::{FakeUpstream, args, config, write_config};
 use serde_json::{Map, Value};
 use strata::gateway::config::Settings;
 use strata_api::agent::Provider;
 use strata_core::replay::simulate::replay_strata;
-use strata_core::replay::{InputFormat, PolicyKind, ReplayOptions, Transcript, parse_transcript};
-
-fn shared() -> Option<PathBuf> {
-    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../../shared");
-    if dir.is_dir() {
-        return Some(dir);
-    }
-    assert!(
-        std::env::var("STRATA_REQUIRE_SHARED").as_deref() != Ok("1"),
-        "STRATA_REQUIRE_SHARED=1 but {} is missing",
-        dir.display()
-    );
-    eprintln!("skipped: {} is missing (the seeds and corpora live beside the checkout)", dir.display());
-    None
-}
-
-fn files(dir: &Path, suffix: &str) -> Vec<PathBuf> {
-    let mut files: Vec<PathBuf> = std::fs::read_dir(dir)
-        .unwrap_or_else(|e| panic!("{}: {e}", dir.display()))
-        .map(|entry| entry.unwrap().path())
-        .filter(|path| path.to_string_lossy().ends_with(suffix))
-        .collect();
-    files.sort();
-    assert!(!files.is_empty(), "no *{suffix} in {}", dir.display());
-    files
-}
-
-fn load(path: &Path) -> Transcript {
-    let name = path.file_name().unwrap().to_string_lossy().into_owned();
-    parse_transcript(&name, &std::fs::read_to_string(path).unwrap(), InputFormat::Auto).unwrap()
-}
-
-/// The recorded assistant message as the fake upstream's answer.
-fn reply_of(message: &Value) -> Reply {
-    let text = message["content"].as_str().unwrap_or_default().to_owned();
-    let calls = message["tool_calls"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .map(|call| {
-            (
-                call["id"].as_str().unwrap().to_owned(),
-                call["function"]["name"].as_str().unwrap().to_owned(),
-                call["function"]["arguments"].as_str().unwrap().to_owned(),
-            )
-        })
-        .collect();
-    Reply::Calls(text, calls)
-}
+use strata_core::replay::{PolicyKind, ReplayOptions, Transcript};
 
 /// Drives `transcript` through a fresh gateway and through replay; returns the calls compared.
 async fn assert_same_prompts(fake: &FakeUpstream, transcript: &Transcript) -> usize {
@@ -149,13 +102,7 @@ async fn check_all(paths: Vec<PathBuf>) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn seed_003_session_prompts_are_identical() {
     let Some(shared) = shared() else { return };
-    check_all(
-        files(&shared.join("seeds"), ".txt")
-            .into_iter()
-            .filter(|p| p.to_string_lossy().contains("/003_"))
-            .collect(),
-    )
-    .await;
+    check_all(seed_003(&shared)).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

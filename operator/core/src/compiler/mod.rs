@@ -194,6 +194,8 @@ pub struct ContextCompiler {
     last_summary: Option<usize>,
     treatments: BTreeMap<EntryId, Treatment>,
     placement: BreakpointPlacement,
+    volatile_context: String,
+    volatile_tokens: u64,
 }
 
 impl ContextCompiler {
@@ -209,7 +211,28 @@ impl ContextCompiler {
             last_summary: None,
             treatments: BTreeMap::new(),
             placement,
+            volatile_context: String::new(),
+            volatile_tokens: 0,
         }
+    }
+
+    /// Sets the volatile lines of the client's system prompt (dates, times, identifiers), sent
+    /// after the cache boundary with the Tier-3 telemetry so the stable prefix stays cached.
+    pub fn set_volatile_context(&mut self, text: &str, counter: &TokenCounter) {
+        if text != self.volatile_context {
+            self.volatile_context = text.to_owned();
+            self.volatile_tokens = if text.is_empty() { 0 } else { u64::from(counter.count(text)) };
+        }
+    }
+
+    /// The volatile lines of the client's system prompt, as set.
+    pub fn volatile_context(&self) -> &str {
+        &self.volatile_context
+    }
+
+    /// Tokens of the volatile lines.
+    pub fn volatile_tokens(&self) -> u64 {
+        self.volatile_tokens
     }
 
     /// Replace the stable prefix (a tool or system-prompt change). Tier 2 is kept.
@@ -225,7 +248,7 @@ impl ContextCompiler {
 
     /// Tokens of Tier 1 plus the included Tier-2 entries.
     pub fn context_tokens(&self) -> u64 {
-        self.prefix_tokens + self.tier2_tokens
+        self.prefix_tokens + self.tier2_tokens + self.volatile_tokens
     }
 
     /// Bring Tier 2 up to date with the journal's current `entries` of `generation`.
@@ -306,7 +329,11 @@ impl ContextCompiler {
         Ok(Packet {
             prefix: &self.prefix,
             entries: &self.rendered,
-            telemetry: status.telemetry_line(),
+            telemetry: if self.volatile_context.is_empty() {
+                status.telemetry_line()
+            } else {
+                format!("{}\n\n{}", self.volatile_context, status.telemetry_line())
+            },
             breakpoints: self.breakpoints(),
             status,
         })

@@ -111,6 +111,18 @@ pub enum GenerationOrigin {
         /// Entries carried over.
         carried_entries: u64,
     },
+    /// A rewind of the parent generation to its first `kept_entries` entries (byte-identical),
+    /// dropping the `dropped_entries` after them: a transparent-mode client's conversation
+    /// diverged from the journal (an edited or retried turn, a new conversation, a client-side
+    /// compaction).
+    Fork {
+        /// Entries of the parent kept.
+        kept_entries: u64,
+        /// Entries of the parent dropped.
+        dropped_entries: u64,
+        /// Why the journal was rewound.
+        reason: String,
+    },
 }
 
 /// `manifest.json` of a generation.

@@ -489,6 +489,26 @@ impl Journal {
         self.poison_on_error(result)
     }
 
+    /// Rewinds to the first `keep` entries of the current generation as a new generation (their
+    /// records byte-identical), dropping the entries after them; see `FORMAT.md`, "Fork".
+    pub fn fork(&mut self, keep: usize, reason: &str, now_ms: u64) -> Result<GenerationSwitch, JournalError> {
+        self.check_poison()?;
+        let keep = keep.min(self.entries.len());
+        let mut payloads = Vec::with_capacity(keep);
+        for entry in &self.entries[..keep] {
+            payloads.push(self.encode(entry)?);
+        }
+        let origin = GenerationOrigin::Fork {
+            kept_entries: keep as u64,
+            dropped_entries: (self.entries.len() - keep) as u64,
+            reason: reason.to_owned(),
+        };
+        let entries = self.entries[..keep].to_vec();
+        let next_number = self.next_number;
+        let result = self.switch_generation(origin, now_ms, keep as u64, next_number, payloads, entries);
+        self.poison_on_error(result)
+    }
+
     /// Superseded generations still on disk (with a manifest), ascending.
     pub fn retained_generations(&self) -> Result<Vec<u64>, JournalError> {
         let mut retained = Vec::new();

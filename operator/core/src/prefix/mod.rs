@@ -28,7 +28,10 @@ pub use canonical_json::{CanonicalJsonError, to_canonical_json};
 
 use canonical_json::json_string;
 pub use tool_registry::{ToolOrderError, ToolRegistry, tool_name};
-pub use volatile::{DetectorError, MAX_SNIPPET_CHARS, VolatileFinding, VolatileKind, find_volatile};
+pub use volatile::{
+    DetectorError, MAX_SNIPPET_CHARS, VolatileFinding, VolatileKind, VolatileSplit, find_volatile,
+    split_volatile_lines,
+};
 
 use std::collections::BTreeMap;
 

@@ -72,6 +72,41 @@ pub struct VolatileFinding {
     pub snippet: String,
     /// Byte offset of the match in the canonical section text.
     pub offset: usize,
+    /// Byte length of the whole match.
+    #[serde(skip)]
+    pub len: usize,
+}
+
+/// A client's system text with its volatile lines moved out.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct VolatileSplit {
+    /// The lines without volatile material, in order: the stable remainder for the prefix.
+    pub stable: String,
+    /// The lines carrying volatile material, in order, for below the cache boundary.
+    pub moved: String,
+    /// What was found in the moved lines.
+    pub kinds: Vec<VolatileKind>,
+}
+
+/// Splits `text` into its stable lines and the lines that carry volatile material (every line a
+/// finding touches, so a match across a line break moves both lines).
+pub fn split_volatile_lines(text: &str) -> Result<VolatileSplit, DetectorError> {
+    let findings = find_volatile(text)?;
+    if findings.is_empty() {
+        return Ok(VolatileSplit { stable: text.to_owned(), ..VolatileSplit::default() });
+    }
+    let mut stable = Vec::new();
+    let mut moved = Vec::new();
+    let mut start = 0;
+    for line in text.split('\n') {
+        let end = start + line.len();
+        let touched = findings.iter().any(|f| f.offset <= end && f.offset + f.len.max(1) > start);
+        if touched { moved.push(line) } else { stable.push(line) }
+        start = end + 1;
+    }
+    let mut kinds: Vec<VolatileKind> = findings.iter().map(|finding| finding.kind).collect();
+    kinds.dedup();
+    Ok(VolatileSplit { stable: stable.join("\n"), moved: moved.join("\n"), kinds })
 }
 
 /// Longest snippet reported in a finding.
@@ -243,6 +278,7 @@ pub fn find_volatile(text: &str) -> Result<Vec<VolatileFinding>, DetectorError> 
             kind,
             snippet: text[start..end].chars().take(MAX_SNIPPET_CHARS).collect(),
             offset: start,
+            len: end - start,
         });
     }
     Ok(findings)
@@ -252,6 +288,25 @@ pub fn find_volatile(text: &str) -> Result<Vec<VolatileFinding>, DetectorError> 
 mod tests {
     #![allow(clippy::unwrap_used)]
     use super::*;
+
+    #[test]
+    fn split_moves_only_the_lines_with_volatile_material() {
+        let text = "You are a helpful assistant.\nToday's date is 2026-03-21.\nCurrent time: 13:31\nAnswer briefly.";
+        let split = split_volatile_lines(text).unwrap();
+        assert_eq!(split.stable, "You are a helpful assistant.\nAnswer briefly.");
+        assert_eq!(split.moved, "Today's date is 2026-03-21.\nCurrent time: 13:31");
+        assert_eq!(split.kinds, vec![VolatileKind::CurrentDate, VolatileKind::Timestamp]);
+        let plain = split_volatile_lines("Release 2024-05-01 shipped.").unwrap();
+        assert_eq!(plain.stable, "Release 2024-05-01 shipped.");
+        assert!(plain.moved.is_empty() && plain.kinds.is_empty());
+    }
+
+    #[test]
+    fn split_moves_both_lines_of_a_match_across_a_line_break() {
+        let split = split_volatile_lines("intro\ntoday is\n2026-03-21\nend").unwrap();
+        assert_eq!(split.stable, "intro\nend");
+        assert_eq!(split.moved, "today is\n2026-03-21");
+    }
 
     fn kinds(text: &str) -> Vec<VolatileKind> {
         find_volatile(text).unwrap().into_iter().map(|finding| finding.kind).collect()

@@ -24,7 +24,10 @@ use crate::economics::expected_remaining_calls;
 use crate::entry::{Content, Entry, EntryDraft, EntryId, EntryKind, RetentionClass, Role, ToolResult};
 use crate::journal::sim::SimStorage;
 use crate::journal::{Journal, JournalError, JournalOptions, StdStorage, Storage, SyncPolicy};
-use crate::prefix::{PrefixError, StablePrefix, StablePrefixSources, ToolOrderError, ToolRegistry};
+use crate::prefix::{
+    PrefixError, StablePrefix, StablePrefixSources, ToolOrderError, ToolRegistry, VolatileSplit,
+    split_volatile_lines,
+};
 use crate::replay::pricing::{Block, block_hash};
 use crate::retention::plan_expiry;
 use crate::tokens::{Calibration, TokenCounter, TokenizerError};
@@ -39,7 +42,7 @@ use super::render::{anthropic as render_anthropic, openai as render_openai};
 use super::settings::SessionSettings;
 use super::state::StateDir;
 use super::tool_schema::{is_memory_tool, memory_tools, to_api_shape};
-use super::transparent::{ChainHash, IndexError, TransparentIndex, chain};
+use super::transparent::{ChainHash, IndexError, Placement, TransparentIndex, chain};
 use super::turn::{Api, AssistantOutput, ChatRequest, Turn};
 
 /// Cross-process compaction proposals are picked up at most this often.
@@ -202,6 +205,11 @@ pub struct AdmittedTurn {
     pub offloaded: Vec<(ArtifactRef, String)>,
     /// Compactions the engine ran to make room (automatic compaction).
     pub compactions: u64,
+    /// Transparent sessions: the journal was rewound because the client's history diverged.
+    pub rewind: Option<Rewind>,
+    /// Kinds of volatile material the client's system prompt carried, moved below the cache
+    /// boundary (empty when none).
+    pub volatile_system: Vec<crate::prefix::VolatileKind>,
     /// Transparent sessions: the chain value after the request's last message, to which the
     /// answer is chained once the client has seen it.
     pub chain_tail: Option<ChainHash>,
@@ -209,12 +217,52 @@ pub struct AdmittedTurn {
     pub first_call: UpstreamCall,
 }
 
+/// Why a transparent session's journal was rewound.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum RewindCause {
+    /// The client resent a turn it had already sent: the answer it never saw was dropped.
+    Retry,
+    /// The client's history changed after a shared turn (an edited message, a client-side
+    /// compaction that kept the opening turns).
+    Edit,
+    /// No turn of the request is in the journal: a new conversation, or a client-side
+    /// compaction that replaced the whole history.
+    NewConversation,
+}
+
+impl RewindCause {
+    /// Label value for metrics.
+    pub fn label(self) -> &'static str {
+        match self {
+            RewindCause::Retry => "retry",
+            RewindCause::Edit => "edit",
+            RewindCause::NewConversation => "new_conversation",
+        }
+    }
+}
+
+/// A rewind of the journal to the last turn the client's request still shares with it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Rewind {
+    /// Why.
+    pub cause: RewindCause,
+    /// Journal entries kept.
+    pub kept_entries: u64,
+    /// Journal entries dropped (they stay in the parent generation).
+    pub dropped_entries: u64,
+    /// The new journal generation.
+    pub generation: u64,
+}
+
 /// What the engine decided about a request.
 #[derive(Debug)]
 pub enum TurnOutcome {
     /// Journaled and compiled.
     Admitted(Box<AdmittedTurn>),
-    /// Blocked by the budget; nothing was journaled.
+    /// Blocked by the budget; nothing was journaled (a transparent session's journal may have
+    /// been rewound to the client's history first).
     Blocked(Box<BudgetExceeded>),
 }
 
@@ -300,6 +348,9 @@ pub struct SessionEngine {
     calls: u64,
     torn_record: Option<(PathBuf, u64)>,
     warnings: Vec<String>,
+    client_system: String,
+    system_split: VolatileSplit,
+    tenant: String,
 }
 
 /// The files a group commit fsyncs, and the write count it covers.
@@ -416,6 +467,9 @@ impl SessionEngine {
             calls,
             torn_record,
             warnings: Vec::new(),
+            client_system: String::new(),
+            system_split: VolatileSplit::default(),
+            tenant: settings.tenant.clone(),
         };
         engine.prepare_prefix(settings, "", &[])?;
         engine.rebuild_window(settings)?;
@@ -456,20 +510,17 @@ impl SessionEngine {
 
     /// Tier 2 rendered from scratch, with deduplication treatments for every repeated output.
     fn rebuild_window(&mut self, settings: &SessionSettings) -> Result<(), EngineError> {
+        let volatile = self.compiler.volatile_context().to_owned();
         self.compiler = ContextCompiler::new(self.compiler.prefix().clone(), self.placement);
+        self.compiler.set_volatile_context(&volatile, &self.counter);
         self.compiler.sync(self.journal.generation(), self.journal.entries(), &self.counter);
         self.ledger.rebuild(self.journal.entries());
         self.dedup = DedupIndex::new();
         let mut batch = BTreeMap::new();
         for entry in self.journal.entries() {
             if let Some(original) = self.dedup.observe(entry) {
-                batch.insert(
-                    entry.id,
-                    Treatment::Replace {
-                        text: render_duplicate(original),
-                        reason: InclusionReason::Duplicate,
-                    },
-                );
+                let text = self.duplicate_text(entry, original)?;
+                batch.insert(entry.id, Treatment::Replace { text, reason: InclusionReason::Duplicate });
             }
         }
         self.compiler.apply_treatments(batch, self.journal.entries(), &self.counter)?;
@@ -505,7 +556,7 @@ impl SessionEngine {
                 let mut saved = 0;
                 for entry in new {
                     if let Some(original) = self.dedup.observe(entry) {
-                        let text = render_duplicate(original);
+                        let text = Self::duplicate_text_in(&self.store, &self.tenant, entry, original)?;
                         saved += entry.tokens.saturating_sub(u64::from(self.counter.count(&text)));
                         batch.insert(
                             entry.id,
@@ -538,6 +589,50 @@ impl SessionEngine {
         }
     }
 
+    /// The window text of a duplicated output, with the artifacts holding it byte-exact.
+    fn duplicate_text(&self, entry: &Entry, original: EntryId) -> Result<String, EngineError> {
+        Self::duplicate_text_in(&self.store, &self.tenant, entry, original)
+    }
+
+    fn duplicate_text_in(
+        store: &ArtifactStore,
+        tenant: &str,
+        entry: &Entry,
+        original: EntryId,
+    ) -> Result<String, EngineError> {
+        let refs = Self::store_outputs(store, tenant, entry)?;
+        Ok(render_duplicate(original, &refs))
+    }
+
+    /// Puts every tool output of `entry` in the artifact store (content-addressed: a no-op when
+    /// already there) and returns the references.
+    fn store_outputs(store: &ArtifactStore, tenant: &str, entry: &Entry) -> Result<Vec<ArtifactRef>, EngineError> {
+        let mut refs = Vec::with_capacity(entry.content.tool_results.len());
+        for result in &entry.content.tool_results {
+            refs.push(store.put(tenant, result.output.as_bytes())?);
+        }
+        Ok(refs)
+    }
+
+    /// How an entry past its retention leaves the window without breaking the protocol: a tool
+    /// result stays as a stub naming the artifacts that hold its output (its call stays answered),
+    /// an assistant message that called tools keeps its calls with its text dropped, anything else
+    /// is omitted.
+    fn expiry_treatment(store: &ArtifactStore, tenant: &str, entry: &Entry) -> Result<Treatment, EngineError> {
+        if !entry.content.tool_results.is_empty() {
+            let refs: Vec<String> =
+                Self::store_outputs(store, tenant, entry)?.iter().map(ToString::to_string).collect();
+            return Ok(Treatment::Replace {
+                text: format!("[expired: past its retention; full output: data_ref {}]", refs.join(", ")),
+                reason: InclusionReason::Expired,
+            });
+        }
+        if !entry.content.tool_calls.is_empty() {
+            return Ok(Treatment::Replace { text: String::new(), reason: InclusionReason::Expired });
+        }
+        Ok(Treatment::Omit)
+    }
+
     fn elision_treatment(content: &Content) -> Treatment {
         let mut text = content.text.clone();
         for result in &content.tool_results {
@@ -557,7 +652,7 @@ impl SessionEngine {
         let policy = &settings.elision;
         let mut batch = BTreeMap::new();
         for entry in self.journal.entries().iter().filter(|entry| self.expired.contains(&entry.id)) {
-            batch.insert(entry.id, Treatment::Omit);
+            batch.insert(entry.id, Self::expiry_treatment(&self.store, &settings.tenant, entry)?);
         }
         for entry in self
             .journal
@@ -597,8 +692,11 @@ impl SessionEngine {
         ) else {
             return Ok(Treated::default());
         };
-        let batch: BTreeMap<EntryId, Treatment> =
-            planned.ids.iter().map(|id| (*id, Treatment::Omit)).collect();
+        let wanted: HashSet<EntryId> = planned.ids.iter().copied().collect();
+        let mut batch = BTreeMap::new();
+        for entry in entries.iter().filter(|entry| wanted.contains(&entry.id)) {
+            batch.insert(entry.id, Self::expiry_treatment(&self.store, &settings.tenant, entry)?);
+        }
         self.expired.extend(batch.keys().copied());
         self.compiler.apply_treatments(batch, entries, &self.counter)?;
         self.tier2_epoch += 1;
@@ -646,12 +744,22 @@ impl SessionEngine {
     }
 
     /// Rebuilds Tier 1 when the configured sources, the client's system text or its tools changed.
+    /// The lines of the client's system text that carry volatile material (today's date, a time,
+    /// a UUID, a counter) move below the cache boundary, beside the Tier-3 telemetry; the stable
+    /// remainder stays in Tier 1, so a dated system prompt neither is refused nor breaks the cache.
     pub fn prepare_prefix(
         &mut self,
         settings: &SessionSettings,
         client_system: &str,
         client_tools: &[Value],
     ) -> Result<(), EngineError> {
+        if client_system != self.client_system {
+            self.system_split = split_volatile_lines(client_system).map_err(PrefixError::from)?;
+            self.client_system = client_system.to_owned();
+        }
+        self.compiler.set_volatile_context(&self.system_split.moved, &self.counter);
+        let client_system = self.system_split.stable.clone();
+        let client_system = client_system.as_str();
         let mut hasher = Sha256::new();
         hasher.update(settings.revision.to_le_bytes());
         hasher.update((client_system.len() as u64).to_le_bytes());
@@ -717,19 +825,61 @@ impl SessionEngine {
         Ok(())
     }
 
-    /// Which of `turns` are new: all of them in a stateful session, the ones after the longest
-    /// journaled prefix in a transparent one. Returns the chain values for [`Self::remember_chain`].
-    pub fn new_turns(&self, turns: &[Turn], transparent: bool) -> (usize, Vec<ChainHash>) {
+    /// Which of `turns` are new: all of them in a stateful session; in a transparent one, the
+    /// ones after the longest journaled prefix when the request extends the journal. When the
+    /// client's history diverged from the journal, the journal is first rewound (a fork
+    /// generation) to the last turn both share, so the new turns never splice onto another
+    /// history. Returns the first new turn, the chain values and the rewind, if any.
+    fn place_turns(
+        &mut self,
+        turns: &[Turn],
+        transparent: bool,
+        now_ms: u64,
+    ) -> Result<(usize, Vec<ChainHash>, Option<Rewind>), EngineError> {
         if !transparent {
-            return (0, Vec::new());
+            return Ok((0, Vec::new(), None));
         }
-        let (chains, first_new) = self.transparent.split(turns);
-        (first_new, chains)
+        let (chains, first_known) = self.transparent.split(turns);
+        let (keep, first_new, dropped) =
+            match self.transparent.locate(&chains, first_known, self.journal.entries()) {
+                Placement::Extends { first_new } => return Ok((first_new, chains, None)),
+                // The journal ends at the last shared turn: nothing to drop, the request extends it.
+                Placement::Diverged { first_new, dropped: 0, .. } => return Ok((first_new, chains, None)),
+                Placement::Diverged { keep, first_new, dropped } => (keep, first_new, dropped),
+            };
+        let cause = if keep == 0 {
+            RewindCause::NewConversation
+        } else if first_new == turns.len() {
+            RewindCause::Retry
+        } else {
+            RewindCause::Edit
+        };
+        let reason = match cause {
+            RewindCause::Retry => format!("the client retried a turn: {dropped} entries it never saw dropped"),
+            RewindCause::Edit => {
+                format!("the client's history diverged after its turn {first_new}: {dropped} entries dropped")
+            }
+            RewindCause::NewConversation => {
+                format!("a new conversation (no turn shared with the journal): {dropped} entries dropped")
+            }
+        };
+        let switch = self.journal.fork(keep, &reason, now_ms)?;
+        self.after_rewrite()?;
+        Ok((
+            first_new,
+            chains,
+            Some(Rewind {
+                cause,
+                kept_entries: keep as u64,
+                dropped_entries: dropped as u64,
+                generation: switch.to_generation,
+            }),
+        ))
     }
 
-    /// Remembers transparent-session chain values once their turns are journaled (durable with
-    /// the next group commit).
-    pub fn remember_chain(&mut self, chains: &[ChainHash]) -> Result<(), EngineError> {
+    /// Remembers transparent-session chain values, each with the journal entry holding its turn,
+    /// once their turns are journaled (durable with the next group commit).
+    fn remember_chain(&mut self, chains: &[(ChainHash, EntryId)]) -> Result<(), EngineError> {
         if self.transparent.remember(chains)? {
             self.index_unsynced = true;
             self.appended_seq += 1;
@@ -834,15 +984,16 @@ impl SessionEngine {
 
     /// Appends drafts and updates Tier 2 (durable after the next group commit).
     /// Returns what deduplicating repeated outputs replaced.
-    fn append(&mut self, drafts: Vec<EntryDraft>) -> Result<Treated, EngineError> {
+    fn append(&mut self, drafts: Vec<EntryDraft>) -> Result<(Treated, Vec<EntryId>), EngineError> {
         if drafts.is_empty() {
-            return Ok(Treated::default());
+            return Ok((Treated::default(), Vec::new()));
         }
+        let mut ids = Vec::with_capacity(drafts.len());
         for draft in drafts {
-            self.journal.append(draft)?;
+            ids.push(self.journal.append(draft)?.id);
         }
         self.appended_seq += 1;
-        self.sync_window()
+        Ok((self.sync_window()?, ids))
     }
 
     /// Appends an entry produced by the gateway itself (assistant answer or memory-tool result).
@@ -922,7 +1073,9 @@ impl SessionEngine {
                 hash: section.source_hash.clone(),
             })
             .collect();
-        let tier2_tokens = self.compiler.context_tokens() - u64::from(packet.prefix.manifest().total_tokens);
+        let tier2_tokens = self.compiler.context_tokens()
+            - self.compiler.volatile_tokens()
+            - u64::from(packet.prefix.manifest().total_tokens);
         sections.push(SectionSummary {
             id: "tier2".into(),
             tokens: tier2_tokens,
@@ -1043,9 +1196,12 @@ impl SessionEngine {
         turn: TurnRequest<'_>,
     ) -> Result<TurnOutcome, EngineError> {
         let TurnRequest { request, transparent, operation_id, head, now_ms } = turn;
+        if self.tenant != settings.tenant {
+            self.tenant.clone_from(&settings.tenant);
+        }
         self.refresh(settings, false)?;
         self.prepare_prefix(settings, &request.system_text, &request.tools)?;
-        let (first_new, chains) = self.new_turns(&request.turns, transparent);
+        let (first_new, chains, rewind) = self.place_turns(&request.turns, transparent, now_ms)?;
         let mut drafted = Drafts::default();
         for turn in &request.turns[first_new..] {
             self.draft(settings, turn, now_ms, &mut drafted)?;
@@ -1068,9 +1224,10 @@ impl SessionEngine {
             }
         }
         let new_entries = drafts.len();
-        let deduplicated = self.append(drafts)?;
+        let (deduplicated, ids) = self.append(drafts)?;
         let spilled_outputs = offloaded.len() as u64;
-        self.remember_chain(&chains)?;
+        let journaled: Vec<(ChainHash, EntryId)> = chains[first_new..].iter().copied().zip(ids).collect();
+        self.remember_chain(&journaled)?;
         if settings.automatic_compaction && self.reached_trigger(settings) {
             compactions += u64::from(self.compact_for_budget(settings, now_ms)?);
         }
@@ -1084,6 +1241,8 @@ impl SessionEngine {
             spilled_outputs,
             offloaded,
             compactions,
+            rewind,
+            volatile_system: self.system_split.kinds.clone(),
             chain_tail,
             first_call,
         })))
@@ -1203,9 +1362,12 @@ impl SessionEngine {
         chain_tail: Option<ChainHash>,
         visible: &Turn,
     ) -> Result<(), EngineError> {
-        match chain_tail {
-            Some(tail) => self.remember_chain(&[chain(&tail, visible)]),
-            None => Ok(()),
+        match (chain_tail, self.journal.entries().last()) {
+            (Some(tail), Some(last)) => {
+                let last = last.id;
+                self.remember_chain(&[(chain(&tail, visible), last)])
+            }
+            _ => Ok(()),
         }
     }
 }

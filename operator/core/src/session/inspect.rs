@@ -28,6 +28,9 @@ pub enum ContextEvent {
     Compaction,
     /// Entries purged by the model.
     Purge,
+    /// The journal rewound to the client's history (a transparent client edited, retried or
+    /// restarted its conversation).
+    Rewind,
 }
 
 impl AdmittedTurn {
@@ -42,6 +45,9 @@ impl AdmittedTurn {
         }
         if self.compactions > 0 {
             events.push(ContextEvent::Compaction);
+        }
+        if self.rewind.is_some() {
+            events.push(ContextEvent::Rewind);
         }
         events
     }
@@ -109,11 +115,11 @@ fn entry_text(entry: &Entry) -> String {
     parts.join("\n")
 }
 
-/// The artifacts that hold an entry's full output: its spilled bodies, and the elided copy when the
-/// window shows only its head.
+/// The artifacts that hold an entry's full output: its spilled bodies, and the stored copy when the
+/// window shows only its head (elided), a stub (expired) or a reference (duplicate).
 pub(crate) fn data_refs(entry: &Entry, reason: InclusionReason) -> BTreeSet<String> {
     let mut refs: BTreeSet<String> = entry.artifact_refs.iter().map(ToString::to_string).collect();
-    if reason == InclusionReason::Elided {
+    if matches!(reason, InclusionReason::Elided | InclusionReason::Expired | InclusionReason::Duplicate) {
         for result in &entry.content.tool_results {
             refs.insert(ArtifactRef::for_bytes(result.output.as_bytes()).to_string());
         }

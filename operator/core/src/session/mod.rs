@@ -11,6 +11,7 @@ pub mod engine;
 pub mod inspect;
 pub mod memory_tools;
 pub mod openai_messages;
+pub mod protocol;
 pub mod render;
 pub mod settings;
 mod state;
@@ -19,8 +20,8 @@ pub mod transparent;
 pub mod turn;
 
 pub use engine::{
-    AnswerEffects, ChurnCause, EngineError, EntrySummary, LOWER_BUDGET_PERCENTS, SectionSummary,
-    SessionEngine, TurnOutcome, TurnRequest, UpstreamCall, now_ms,
+    AnswerEffects, ChurnCause, EngineError, EntrySummary, LOWER_BUDGET_PERCENTS, Rewind, RewindCause,
+    SectionSummary, SessionEngine, TurnOutcome, TurnRequest, UpstreamCall, now_ms,
 };
 pub use inspect::{ContextEvent, EntryDetail};
 pub use settings::SessionSettings;

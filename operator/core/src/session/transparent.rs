@@ -4,14 +4,18 @@
 //! hash of everything before it (`h_i = sha256(h_{i-1} ‖ content_hash_i)`), so a message repeated
 //! later in the conversation is still new. Every chain value the gateway has journaled (client
 //! messages and the assistant answers it returned) is remembered in a file under the data dir, so
-//! after a restart the same list is still recognised. The new messages are those after the longest
-//! known prefix.
+//! after a restart the same list is still recognised, with the journal entry that holds the turn.
+//!
+//! [`TransparentIndex::locate`] decides how a request relates to the journal: it extends it (the
+//! last known turn is the journal's last entry), or it diverged (an edited or retried turn, a new
+//! conversation, a client-side compaction) and the journal must be rewound to the last turn both
+//! still share before the client's newer turns are journaled.
 
-use std::collections::HashSet;
+use std::collections::HashMap;
 use std::io::Write;
 use std::path::{Path, PathBuf};
 
-use crate::entry::content_hash;
+use crate::entry::{EntryId, content_hash};
 use sha2::{Digest, Sha256};
 
 use crate::session::turn::Turn;
@@ -27,11 +31,33 @@ pub struct IndexError {
     cause: std::io::Error,
 }
 
-/// Known chain values, persisted one hex line each.
+/// Known chain values, each with the journal entry that holds its turn when recorded; persisted
+/// one line each (`<64 hex>` or `<64 hex> <entry id>`).
 #[derive(Debug)]
 pub struct TransparentIndex {
-    known: HashSet<ChainHash>,
+    known: HashMap<ChainHash, Option<EntryId>>,
     path: Option<PathBuf>,
+}
+
+/// How a transparent request relates to the journal.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Placement {
+    /// The request extends the journal: its turns from `first_new` on are new.
+    Extends {
+        /// Index of the first turn not yet journaled.
+        first_new: usize,
+    },
+    /// The request diverged: the journal must be rewound to its first `keep` entries (the turns
+    /// before `first_new` and whatever Strata added among them), then the turns from `first_new`
+    /// on journaled.
+    Diverged {
+        /// Journal entries (of the current generation) to keep.
+        keep: usize,
+        /// Index of the first turn to journal after the rewind.
+        first_new: usize,
+        /// Journal entries dropped by the rewind.
+        dropped: usize,
+    },
 }
 
 /// The chain value after `turn`, given the value before it.
@@ -45,20 +71,27 @@ pub fn chain(previous: &ChainHash, turn: &Turn) -> ChainHash {
 impl TransparentIndex {
     /// An index kept in memory only (replay).
     pub fn in_memory() -> Self {
-        Self { known: HashSet::new(), path: None }
+        Self { known: HashMap::new(), path: None }
     }
 
     /// Loads the index at `path` (absent means empty). Lines that are not 64 hex digits are a torn
     /// final write and are ignored.
     pub fn load(path: &Path) -> Result<Self, IndexError> {
         let error = |cause| IndexError { path: path.to_owned(), cause };
-        let mut known = HashSet::new();
+        let mut known = HashMap::new();
         match std::fs::read_to_string(path) {
             Ok(text) => {
                 for line in text.lines() {
+                    let mut fields = line.split_whitespace();
                     let mut value = [0u8; 32];
-                    if hex::decode_to_slice(line.trim(), &mut value).is_ok() {
-                        known.insert(value);
+                    let Some(chain_hex) = fields.next() else { continue };
+                    if hex::decode_to_slice(chain_hex, &mut value).is_err() {
+                        continue;
+                    }
+                    let entry = fields.next().and_then(|id| id.parse::<EntryId>().ok());
+                    let slot = known.entry(value).or_insert(None);
+                    if entry.is_some() {
+                        *slot = entry;
                     }
                 }
             }
@@ -75,7 +108,7 @@ impl TransparentIndex {
         let mut first_new = 0;
         for (index, turn) in turns.iter().enumerate() {
             previous = chain(&previous, turn);
-            if self.known.contains(&previous) {
+            if self.known.contains_key(&previous) {
                 first_new = index + 1;
             }
             chains.push(previous);
@@ -83,13 +116,49 @@ impl TransparentIndex {
         (chains, first_new)
     }
 
-    /// Remembers `values` and appends them to the file (durable once the file is fsynced; see
-    /// [`Self::path`]). Returns whether anything was written.
-    pub fn remember(&mut self, values: &[ChainHash]) -> Result<bool, IndexError> {
+    /// How the request whose chain values are `chains` (with `first_known` turns already
+    /// journaled, from [`Self::split`]) relates to the journal's current generation `entries`.
+    ///
+    /// It extends the journal when its last known turn is held by the journal's last entry (or
+    /// the journal and the known prefix are both empty, or the turn was recorded before entries
+    /// were tracked). Otherwise it diverged, and the journal is rewound to the latest known turn
+    /// whose entry the generation still holds; when none is (a new conversation, or every shared
+    /// turn was compacted away) to nothing, and the whole request is journaled again.
+    pub fn locate(&self, chains: &[ChainHash], first_known: usize, entries: &[crate::entry::Entry]) -> Placement {
+        let last_entry = entries.last().map(|entry| entry.id);
+        if first_known == 0 {
+            if last_entry.is_none() {
+                return Placement::Extends { first_new: 0 };
+            }
+        } else {
+            match self.known.get(&chains[first_known - 1]) {
+                Some(None) => return Placement::Extends { first_new: first_known },
+                Some(Some(id)) if Some(*id) == last_entry => {
+                    return Placement::Extends { first_new: first_known };
+                }
+                _ => {}
+            }
+        }
+        let position: HashMap<EntryId, usize> =
+            entries.iter().enumerate().map(|(index, entry)| (entry.id, index)).collect();
+        let shared = (0..first_known).rev().find_map(|turn| {
+            let id = self.known.get(&chains[turn]).copied().flatten()?;
+            position.get(&id).map(|index| (turn, *index))
+        });
+        let (keep, first_new) = shared.map_or((0, 0), |(turn, index)| (index + 1, turn + 1));
+        Placement::Diverged { keep, first_new, dropped: entries.len() - keep }
+    }
+
+    /// Remembers `values`, each with the journal entry holding its turn, and appends them to the
+    /// file (durable once the file is fsynced; see [`Self::path`]). Returns whether anything was
+    /// written.
+    pub fn remember(&mut self, values: &[(ChainHash, EntryId)]) -> Result<bool, IndexError> {
         let mut text = String::new();
-        for value in values {
-            if self.known.insert(*value) {
+        for (value, entry) in values {
+            if self.known.insert(*value, Some(*entry)) != Some(Some(*entry)) {
                 text.push_str(&hex::encode(value));
+                text.push(' ');
+                text.push_str(&entry.to_string());
                 text.push('\n');
             }
         }

@@ -33,6 +33,10 @@ pub struct Metrics {
     pub completion_tokens: IntCounter,
     /// Stable-prefix churn by cause.
     pub churn: IntCounterVec,
+    /// Transparent-session journal rewinds (the client's history diverged), by cause.
+    pub transparent_rewinds: IntCounterVec,
+    /// Requests whose system prompt carried volatile material moved below the cache boundary, by kind.
+    pub volatile_system: IntCounterVec,
     /// Bytes of tool output spilled to the artifact store.
     pub spilled_bytes: IntCounter,
     /// Tokens per later call saved by eliding old large tool results.
@@ -130,6 +134,18 @@ impl Metrics {
                 "strata_gateway_prefix_churn_total",
                 "Requests whose cached prefix changed, by cause",
                 &["cause"],
+            )?,
+            transparent_rewinds: counter_vec(
+                &registry,
+                "strata_gateway_transparent_rewinds_total",
+                "Journal rewinds because a transparent client's history diverged (retry, edit, new_conversation)",
+                &["cause"],
+            )?,
+            volatile_system: counter_vec(
+                &registry,
+                "strata_gateway_volatile_system_requests_total",
+                "Requests whose system prompt carried volatile material (dates, times, ids) moved below the cache boundary, by kind",
+                &["kind"],
             )?,
             spilled_bytes: counter(
                 &registry,

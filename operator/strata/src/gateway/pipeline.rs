@@ -238,6 +238,12 @@ async fn prepare(
         Box::new(admitted.first_call),
     );
     gateway.metrics.compactions.inc_by(admitted.compactions);
+    if let Some(rewind) = &admitted.rewind {
+        gateway.metrics.transparent_rewinds.with_label_values(&[rewind.cause.label()]).inc();
+    }
+    for kind in &admitted.volatile_system {
+        gateway.metrics.volatile_system.with_label_values(&[&kind.to_string()]).inc();
+    }
     record.new_entries = new_entries;
     gateway.pending.remove(operation_id.as_str());
     gateway.metrics.spilled_bytes.inc_by(spilled_bytes);

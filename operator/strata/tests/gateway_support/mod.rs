@@ -22,6 +22,8 @@ use strata_api::gateway_config::{
     AgentIdentity, GATEWAY_CONFIG_VERSION, GatewayConfig, StablePrefixConfig, UpstreamConfig,
 };
 
+pub mod corpus;
+
 /// Cached prompt tokens the fake reports on every call.
 pub const CACHED_TOKENS: u64 = 7;
 /// The API key the gateway is configured with.

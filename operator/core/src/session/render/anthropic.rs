@@ -24,8 +24,8 @@ fn blocks(entry: &RenderedEntry, ledger: &CallLedger) -> (Vec<Value>, bool, bool
             let mut out = vec![text(&entry.text)];
             let mut complete = true;
             for call in &entry.tool_calls {
-                if !ledger.is_answered(&call.call_id) {
-                    complete = false;
+                if !ledger.is_answered(entry.id, &call.call_id) {
+                    complete &= !ledger.is_open(entry.id);
                     continue;
                 }
                 let input = serde_json::from_str::<Value>(&call.arguments_json)
@@ -37,7 +37,7 @@ fn blocks(entry: &RenderedEntry, ledger: &CallLedger) -> (Vec<Value>, bool, bool
             (out, complete, true)
         }
         Role::Tool => {
-            let mut issued = entry.answers_calls.iter().filter(|call| ledger.is_issued(call));
+            let mut issued = ledger.answers(entry.id).iter();
             let Some(first) = issued.next() else {
                 return (vec![text(&entry.text)], true, false);
             };

@@ -23,7 +23,7 @@ pub fn fragment(entry: &RenderedEntry, ledger: &CallLedger) -> Rendered {
             let answered: Vec<Value> = entry
                 .tool_calls
                 .iter()
-                .filter(|call| ledger.is_answered(&call.call_id))
+                .filter(|call| ledger.is_answered(entry.id, &call.call_id))
                 .map(|call| {
                     json!({
                         "id": call.call_id,
@@ -32,7 +32,7 @@ pub fn fragment(entry: &RenderedEntry, ledger: &CallLedger) -> Rendered {
                     })
                 })
                 .collect();
-            let complete = answered.len() == entry.tool_calls.len();
+            let complete = answered.len() == entry.tool_calls.len() || !ledger.is_open(entry.id);
             let mut message = Map::new();
             message.insert("role".into(), "assistant".into());
             message.insert("content".into(), entry.text.clone().into());
@@ -42,7 +42,7 @@ pub fn fragment(entry: &RenderedEntry, ledger: &CallLedger) -> Rendered {
             Rendered { json: Value::Object(message).to_string(), complete, assistant: true }
         }
         Role::Tool => {
-            let mut issued = entry.answers_calls.iter().filter(|call| ledger.is_issued(call));
+            let mut issued = ledger.answers(entry.id).iter();
             let Some(first) = issued.next() else {
                 return Rendered { json: user(&entry.text), complete: true, assistant: false };
             };

@@ -1,0 +1,216 @@
+//! Transparent mode follows the client: a new conversation that starts like the old one, a
+//! client-side compaction, an edited earlier message and a retried turn each go upstream as the
+//! client's own conversation (never spliced onto the journal's), and a dated system prompt is
+//! accepted with its date moved below the cache boundary. Each test checks the exact messages
+//! that went upstream, and that every request kept the provider's tool-pairing rules.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod gateway_support;
+
+use gateway_support::{FakeUpstream, Harness, Reply, call};
+use serde_json::{Value, json};
+use strata_api::agent::Provider;
+use strata_core::session::Api;
+use strata_core::session::protocol::check_request;
+
+const CHAT: &str = "/v1/chat/completions";
+const MESSAGES: &str = "/v1/messages";
+
+/// The conversation the upstream saw: `(role, text)` of each Tier-2 message, the entry ID tag
+/// removed, without the leading system message and the trailing telemetry.
+fn conversation(body: &Value) -> Vec<(String, String)> {
+    let messages = body["messages"].as_array().unwrap();
+    let untag = |text: &str| match text.strip_prefix('[').and_then(|rest| rest.split_once("] ")) {
+        Some((_, rest)) => rest.to_owned(),
+        None => text.to_owned(),
+    };
+    messages[1..messages.len() - 1]
+        .iter()
+        .map(|m| {
+            let role = m["role"].as_str().unwrap().to_owned();
+            let text = m["content"].as_str().map(untag).unwrap_or_default();
+            (role, text)
+        })
+        .collect()
+}
+
+fn pairs(items: &[(&str, &str)]) -> Vec<(String, String)> {
+    items.iter().map(|(role, text)| ((*role).to_owned(), (*text).to_owned())).collect()
+}
+
+fn assert_all_valid(fake: &FakeUpstream, api: Api) {
+    for (index, seen) in fake.seen().iter().enumerate() {
+        if let Err(violation) = check_request(api, &seen.body) {
+            panic!("upstream request {index} breaks the protocol: {violation}\n{}", seen.raw);
+        }
+    }
+}
+
+fn user(text: &str) -> Value {
+    json!({"role": "user", "content": text})
+}
+
+fn assistant(text: &str) -> Value {
+    json!({"role": "assistant", "content": text})
+}
+
+async fn send(gateway: &Harness, history: &[Value]) -> Value {
+    let (status, answer) = gateway.post_json(CHAT, &json!({"messages": history}), &[]).await;
+    assert_eq!(status, 200, "{answer}");
+    answer["choices"][0]["message"].clone()
+}
+
+#[tokio::test]
+async fn a_new_conversation_that_starts_like_the_old_one_is_not_spliced() {
+    let fake = FakeUpstream::start().await;
+    fake.script(["a1", "a2", "b1", "b2"].map(|t| Reply::Text(t.into())));
+    let gateway = Harness::start(&fake, Provider::OpenAI, |_| {}).await;
+    let a1 = send(&gateway, &[user("Hi")]).await;
+    send(&gateway, &[user("Hi"), a1.clone(), user("Plan the trip")]).await;
+    // A new conversation with the same opening message.
+    let b1 = send(&gateway, &[user("Hi")]).await;
+    assert_eq!(conversation(&fake.last()), pairs(&[("user", "Hi")]), "the old turns are not sent");
+    send(&gateway, &[user("Hi"), b1, user("Fix the bug")]).await;
+    assert_eq!(
+        conversation(&fake.last()),
+        pairs(&[("user", "Hi"), ("assistant", "b1"), ("user", "Fix the bug")])
+    );
+    assert_all_valid(&fake, Api::OpenAi);
+    let metrics = gateway.metrics().await;
+    assert!(metrics.contains("strata_gateway_transparent_rewinds_total{cause=\"retry\"} 1"), "{metrics}");
+    let status = gateway.get_json("/strata/v1/status").await;
+    assert_eq!(status["generation"], 2, "the rewind is a new generation: {status}");
+}
+
+#[tokio::test]
+async fn a_client_side_compaction_replaces_the_history_upstream() {
+    let fake = FakeUpstream::start().await;
+    fake.script(["a1", "a2", "a3"].map(|t| Reply::Text(t.into())));
+    let gateway = Harness::start(&fake, Provider::OpenAI, |_| {}).await;
+    let a1 = send(&gateway, &[user("Read the logs")]).await;
+    send(&gateway, &[user("Read the logs"), a1, user("Find the errors")]).await;
+    // The client compacts its own history into a summary and goes on.
+    let summary = "Summary of the conversation so far: the logs show two timeouts.";
+    send(&gateway, &[json!({"role": "system", "content": "Be brief."}), user(summary), user("Go on")]).await;
+    assert_eq!(conversation(&fake.last()), pairs(&[("user", summary), ("user", "Go on")]));
+    assert_all_valid(&fake, Api::OpenAi);
+    let metrics = gateway.metrics().await;
+    assert!(metrics.contains("strata_gateway_transparent_rewinds_total{cause=\"new_conversation\"} 1"), "{metrics}");
+    let roles: Vec<String> =
+        gateway.entries().await.iter().map(|e| e["role"].as_str().unwrap().to_owned()).collect();
+    assert_eq!(roles, ["user", "user", "assistant"], "the journal holds the client's conversation");
+}
+
+#[tokio::test]
+async fn an_edited_earlier_message_forks_from_the_last_shared_turn() {
+    let fake = FakeUpstream::start().await;
+    fake.script(["a1", "a2", "a3", "a2 again"].map(|t| Reply::Text(t.into())));
+    let gateway = Harness::start(&fake, Provider::OpenAI, |_| {}).await;
+    let a1 = send(&gateway, &[user("u1")]).await;
+    let a2 = send(&gateway, &[user("u1"), a1.clone(), user("u2")]).await;
+    send(&gateway, &[user("u1"), a1.clone(), user("u2"), a2, user("u3")]).await;
+    // The client edits u2 and resends from there.
+    send(&gateway, &[user("u1"), a1, user("u2, edited")]).await;
+    assert_eq!(
+        conversation(&fake.last()),
+        pairs(&[("user", "u1"), ("assistant", "a1"), ("user", "u2, edited")])
+    );
+    assert_all_valid(&fake, Api::OpenAi);
+    assert!(gateway.metrics().await.contains("strata_gateway_transparent_rewinds_total{cause=\"edit\"} 1"));
+}
+
+#[tokio::test]
+async fn a_retried_turn_adds_nothing() {
+    let fake = FakeUpstream::start().await;
+    fake.script([
+        Reply::Text("a1".into()),
+        Reply::Error(500, r#"{"error":{"message":"boom","type":"server_error"}}"#.into()),
+        Reply::Text("a2".into()),
+        Reply::Text("a2, second try".into()),
+    ]);
+    let gateway = Harness::start(&fake, Provider::OpenAI, |_| {}).await;
+    let a1 = send(&gateway, &[user("u1")]).await;
+    let history = [user("u1"), a1, user("u2")];
+    // The first attempt fails upstream: the client retries the same request.
+    let (status, _) = gateway.post_json(CHAT, &json!({"messages": history}), &[]).await;
+    assert_eq!(status, 500);
+    send(&gateway, &history).await;
+    let expected = pairs(&[("user", "u1"), ("assistant", "a1"), ("user", "u2")]);
+    assert_eq!(conversation(&fake.last()), expected);
+    // The answer is lost on the way back: the client retries again; the unseen answer is dropped.
+    send(&gateway, &history).await;
+    assert_eq!(conversation(&fake.last()), expected, "the unseen answer is not sent back upstream");
+    let roles: Vec<String> =
+        gateway.entries().await.iter().map(|e| e["role"].as_str().unwrap().to_owned()).collect();
+    assert_eq!(roles, ["user", "assistant", "user", "assistant"], "each turn is journaled once");
+    assert_all_valid(&fake, Api::OpenAi);
+}
+
+#[tokio::test]
+async fn a_dated_system_prompt_is_accepted_and_its_date_sent_below_the_cache_boundary() {
+    let fake = FakeUpstream::start().await;
+    fake.script(["a1", "a2"].map(|t| Reply::Text(t.into())));
+    let gateway = Harness::start(&fake, Provider::OpenAI, |_| {}).await;
+    let system = |date: &str| {
+        json!({"role": "system", "content": format!("You are a helpful assistant.\nToday's date is {date}.\nCurrent time: 09:41\nAnswer briefly.")})
+    };
+    let (status, answer) =
+        gateway.post_json(CHAT, &json!({"messages": [system("2026-11-30"), user("Hi")]}), &[]).await;
+    assert_eq!(status, 200, "{answer}");
+    let first = fake.last();
+    let prefix = first["messages"][0]["content"].as_str().unwrap().to_owned();
+    assert!(prefix.contains("You are a helpful assistant.\nAnswer briefly."), "{prefix}");
+    assert!(!prefix.contains("2026"), "the date is not in the cached prefix: {prefix}");
+    let tail = first["messages"].as_array().unwrap().last().unwrap()["content"].as_str().unwrap().to_owned();
+    assert!(tail.starts_with("Today's date is 2026-11-30.\nCurrent time: 09:41\n\nStatus: Context: "), "{tail}");
+    let reply = answer["choices"][0]["message"].clone();
+    // The next day: only the line below the cache boundary changes.
+    send(&gateway, &[system("2026-12-01"), user("Hi"), reply, user("And now?")]).await;
+    let second = fake.last();
+    assert_eq!(second["messages"][0], first["messages"][0], "the stable prefix is byte-identical");
+    let tail = second["messages"].as_array().unwrap().last().unwrap()["content"].as_str().unwrap().to_owned();
+    assert!(tail.starts_with("Today's date is 2026-12-01."), "{tail}");
+    let inspect = gateway.get_json("/strata/v1/inspect?limit=1").await;
+    assert_eq!(inspect["requests"][0]["rounds"][0]["churn"], "none", "{inspect}");
+    let metrics = gateway.metrics().await;
+    assert!(
+        metrics.contains("strata_gateway_volatile_system_requests_total{kind=\"current date\"} 2"),
+        "{metrics}"
+    );
+}
+
+#[tokio::test]
+async fn anthropic_edits_and_parallel_tool_calls_stay_protocol_valid() {
+    let fake = FakeUpstream::start().await;
+    fake.script([
+        Reply::Calls("checking".into(), vec![call("toolu_1", "ls", json!({})), call("toolu_2", "cat", json!({}))]),
+        Reply::Text("done".into()),
+        Reply::Text("done, edited".into()),
+    ]);
+    let gateway = Harness::start(&fake, Provider::Anthropic, |_| {}).await;
+    let text = |role: &str, text: &str| json!({"role": role, "content": [{"type": "text", "text": text}]});
+    let opening = text("user", "List and read");
+    let (status, answer) = gateway
+        .post_json(MESSAGES, &json!({"model": "m", "max_tokens": 100, "messages": [opening]}), &[])
+        .await;
+    assert_eq!(status, 200, "{answer}");
+    let called = json!({"role": "assistant", "content": answer["content"]});
+    let results = json!({"role": "user", "content": [
+        {"type": "tool_result", "tool_use_id": "toolu_1", "content": "a.txt"},
+        {"type": "tool_result", "tool_use_id": "toolu_2", "content": "hello"}
+    ]});
+    let history = json!([opening, called, results]);
+    let (status, _) =
+        gateway.post_json(MESSAGES, &json!({"model": "m", "max_tokens": 100, "messages": history}), &[]).await;
+    assert_eq!(status, 200);
+    // The client edits its opening message.
+    let edited = json!([text("user", "Only list")]);
+    let (status, _) =
+        gateway.post_json(MESSAGES, &json!({"model": "m", "max_tokens": 100, "messages": edited}), &[]).await;
+    assert_eq!(status, 200);
+    let last = fake.last();
+    let messages = last["messages"].as_array().unwrap();
+    assert_eq!(messages.len(), 1, "only the edited conversation goes upstream: {last}");
+    assert!(messages[0]["content"][0]["text"].as_str().unwrap().ends_with("Only list"), "{last}");
+    assert_all_valid(&fake, Api::Anthropic);
+}
