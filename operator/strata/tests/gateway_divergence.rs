@@ -50,10 +50,6 @@ fn user(text: &str) -> Value {
     json!({"role": "user", "content": text})
 }
 
-fn assistant(text: &str) -> Value {
-    json!({"role": "assistant", "content": text})
-}
-
 async fn send(gateway: &Harness, history: &[Value]) -> Value {
     let (status, answer) = gateway.post_json(CHAT, &json!({"messages": history}), &[]).await;
     assert_eq!(status, 200, "{answer}");
@@ -95,7 +91,10 @@ async fn a_client_side_compaction_replaces_the_history_upstream() {
     assert_eq!(conversation(&fake.last()), pairs(&[("user", summary), ("user", "Go on")]));
     assert_all_valid(&fake, Api::OpenAi);
     let metrics = gateway.metrics().await;
-    assert!(metrics.contains("strata_gateway_transparent_rewinds_total{cause=\"new_conversation\"} 1"), "{metrics}");
+    assert!(
+        metrics.contains("strata_gateway_transparent_rewinds_total{cause=\"new_conversation\"} 1"),
+        "{metrics}"
+    );
     let roles: Vec<String> =
         gateway.entries().await.iter().map(|e| e["role"].as_str().unwrap().to_owned()).collect();
     assert_eq!(roles, ["user", "user", "assistant"], "the journal holds the client's conversation");
@@ -151,9 +150,7 @@ async fn a_dated_system_prompt_is_accepted_and_its_date_sent_below_the_cache_bou
     let fake = FakeUpstream::start().await;
     fake.script(["a1", "a2"].map(|t| Reply::Text(t.into())));
     let gateway = Harness::start(&fake, Provider::OpenAI, |_| {}).await;
-    let system = |date: &str| {
-        json!({"role": "system", "content": format!("You are a helpful assistant.\nToday's date is {date}.\nCurrent time: 09:41\nAnswer briefly.")})
-    };
+    let system = |date: &str| json!({"role": "system", "content": format!("You are a helpful assistant.\nToday's date is {date}.\nCurrent time: 09:41\nAnswer briefly.")});
     let (status, answer) =
         gateway.post_json(CHAT, &json!({"messages": [system("2026-11-30"), user("Hi")]}), &[]).await;
     assert_eq!(status, 200, "{answer}");
@@ -162,7 +159,10 @@ async fn a_dated_system_prompt_is_accepted_and_its_date_sent_below_the_cache_bou
     assert!(prefix.contains("You are a helpful assistant.\nAnswer briefly."), "{prefix}");
     assert!(!prefix.contains("2026"), "the date is not in the cached prefix: {prefix}");
     let tail = first["messages"].as_array().unwrap().last().unwrap()["content"].as_str().unwrap().to_owned();
-    assert!(tail.starts_with("Today's date is 2026-11-30.\nCurrent time: 09:41\n\nStatus: Context: "), "{tail}");
+    assert!(
+        tail.starts_with("Today's date is 2026-11-30.\nCurrent time: 09:41\n\nStatus: Context: "),
+        "{tail}"
+    );
     let reply = answer["choices"][0]["message"].clone();
     // The next day: only the line below the cache boundary changes.
     send(&gateway, &[system("2026-12-01"), user("Hi"), reply, user("And now?")]).await;
@@ -183,7 +183,10 @@ async fn a_dated_system_prompt_is_accepted_and_its_date_sent_below_the_cache_bou
 async fn anthropic_edits_and_parallel_tool_calls_stay_protocol_valid() {
     let fake = FakeUpstream::start().await;
     fake.script([
-        Reply::Calls("checking".into(), vec![call("toolu_1", "ls", json!({})), call("toolu_2", "cat", json!({}))]),
+        Reply::Calls(
+            "checking".into(),
+            vec![call("toolu_1", "ls", json!({})), call("toolu_2", "cat", json!({}))],
+        ),
         Reply::Text("done".into()),
         Reply::Text("done, edited".into()),
     ]);
@@ -200,8 +203,9 @@ async fn anthropic_edits_and_parallel_tool_calls_stay_protocol_valid() {
         {"type": "tool_result", "tool_use_id": "toolu_2", "content": "hello"}
     ]});
     let history = json!([opening, called, results]);
-    let (status, _) =
-        gateway.post_json(MESSAGES, &json!({"model": "m", "max_tokens": 100, "messages": history}), &[]).await;
+    let (status, _) = gateway
+        .post_json(MESSAGES, &json!({"model": "m", "max_tokens": 100, "messages": history}), &[])
+        .await;
     assert_eq!(status, 200);
     // The client edits its opening message.
     let edited = json!([text("user", "Only list")]);

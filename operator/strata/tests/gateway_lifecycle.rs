@@ -89,6 +89,44 @@ async fn a_blocked_request_resumes_once_a_compaction_freed_space() {
 }
 
 #[tokio::test]
+async fn a_compaction_proposal_is_applied_within_seconds_without_traffic() {
+    let fake = FakeUpstream::start().await;
+    let gateway = Harness::start(&fake, Provider::OpenAI, |_| {}).await;
+    let first = json!({"messages": [{"role": "user", "content": "alpha beta gamma"}]});
+    gateway.post_json(CHAT, &first, &[]).await;
+    let snapshot = read_current_generation(&StdStorage, &gateway.data_dir).unwrap().snapshot();
+    let summary = EntryDraft {
+        kind: EntryKind::Summary,
+        role: Role::User,
+        content: Content::text("Greek letters were mentioned."),
+        retention: RetentionClass::Working,
+        created_at_ms: 1,
+        tokens: 6,
+        artifact_refs: vec![],
+    };
+    let proposal = CompactionProposal {
+        generation: snapshot.generation,
+        watermark: snapshot.watermark,
+        baseline: vec![BaselineEntry::New(summary)],
+        created_at_ms: 2,
+    };
+    propose_compaction(&StdStorage, &gateway.data_dir, &proposal).unwrap();
+    let mut generation = 0;
+    for _ in 0..50 {
+        generation = gateway.get_json("/strata/v1/status").await["generation"].as_u64().unwrap();
+        if generation == 2 {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    assert_eq!(generation, 2, "the proposal was applied with no chat request");
+    assert_eq!(fake.seen().len(), 1, "and without any upstream call");
+    let ids: Vec<String> =
+        gateway.entries().await.iter().map(|e| e["id"].as_str().unwrap().to_owned()).collect();
+    assert!(ids.iter().all(|id| id.starts_with("summary_")), "{ids:?}");
+}
+
+#[tokio::test]
 async fn a_restarted_gateway_continues_the_journaled_context() {
     let fake = FakeUpstream::start().await;
     let gateway = Harness::start(&fake, Provider::OpenAI, |_| {}).await;

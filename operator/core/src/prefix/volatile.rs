@@ -101,7 +101,11 @@ pub fn split_volatile_lines(text: &str) -> Result<VolatileSplit, DetectorError> 
     for line in text.split('\n') {
         let end = start + line.len();
         let touched = findings.iter().any(|f| f.offset <= end && f.offset + f.len.max(1) > start);
-        if touched { moved.push(line) } else { stable.push(line) }
+        if touched {
+            moved.push(line)
+        } else {
+            stable.push(line)
+        }
         start = end + 1;
     }
     let mut kinds: Vec<VolatileKind> = findings.iter().map(|finding| finding.kind).collect();
@@ -291,7 +295,8 @@ mod tests {
 
     #[test]
     fn split_moves_only_the_lines_with_volatile_material() {
-        let text = "You are a helpful assistant.\nToday's date is 2026-03-21.\nCurrent time: 13:31\nAnswer briefly.";
+        let text =
+            "You are a helpful assistant.\nToday's date is 2026-03-21.\nCurrent time: 13:31\nAnswer briefly.";
         let split = split_volatile_lines(text).unwrap();
         assert_eq!(split.stable, "You are a helpful assistant.\nAnswer briefly.");
         assert_eq!(split.moved, "Today's date is 2026-03-21.\nCurrent time: 13:31");

@@ -579,7 +579,8 @@ impl SessionEngine {
                 for entry in entries {
                     self.dedup.observe(entry);
                 }
-                self.fragments.truncate(entries.len());
+                // Pairing of calls and results may differ in the new generation: render afresh.
+                self.fragments = FragmentCache::default();
                 self.tier2_epoch += 1;
                 if self.pending_churn == ChurnCause::None {
                     self.pending_churn = ChurnCause::HistoryRewrite;
@@ -606,7 +607,11 @@ impl SessionEngine {
 
     /// Puts every tool output of `entry` in the artifact store (content-addressed: a no-op when
     /// already there) and returns the references.
-    fn store_outputs(store: &ArtifactStore, tenant: &str, entry: &Entry) -> Result<Vec<ArtifactRef>, EngineError> {
+    fn store_outputs(
+        store: &ArtifactStore,
+        tenant: &str,
+        entry: &Entry,
+    ) -> Result<Vec<ArtifactRef>, EngineError> {
         let mut refs = Vec::with_capacity(entry.content.tool_results.len());
         for result in &entry.content.tool_results {
             refs.push(store.put(tenant, result.output.as_bytes())?);
@@ -618,7 +623,11 @@ impl SessionEngine {
     /// result stays as a stub naming the artifacts that hold its output (its call stays answered),
     /// an assistant message that called tools keeps its calls with its text dropped, anything else
     /// is omitted.
-    fn expiry_treatment(store: &ArtifactStore, tenant: &str, entry: &Entry) -> Result<Treatment, EngineError> {
+    fn expiry_treatment(
+        store: &ArtifactStore,
+        tenant: &str,
+        entry: &Entry,
+    ) -> Result<Treatment, EngineError> {
         if !entry.content.tool_results.is_empty() {
             let refs: Vec<String> =
                 Self::store_outputs(store, tenant, entry)?.iter().map(ToString::to_string).collect();
@@ -855,7 +864,9 @@ impl SessionEngine {
             RewindCause::Edit
         };
         let reason = match cause {
-            RewindCause::Retry => format!("the client retried a turn: {dropped} entries it never saw dropped"),
+            RewindCause::Retry => {
+                format!("the client retried a turn: {dropped} entries it never saw dropped")
+            }
             RewindCause::Edit => {
                 format!("the client's history diverged after its turn {first_new}: {dropped} entries dropped")
             }

@@ -48,7 +48,10 @@ fn check_openai(messages: &[Value]) -> Result<(), ProtocolViolation> {
             continue;
         }
         if let Some(call) = open.first() {
-            return Err(violation(open_since, format!("call {call:?} is not answered before message {index}")));
+            return Err(violation(
+                open_since,
+                format!("call {call:?} is not answered before message {index}"),
+            ));
         }
         if role == "assistant"
             && let Some(calls) = message.get("tool_calls").and_then(Value::as_array)
@@ -91,7 +94,10 @@ fn check_anthropic(messages: &[Value]) -> Result<(), ProtocolViolation> {
             return Err(violation(index, "empty or non-array content"));
         };
         let kind = |block: &Value| block.get("type").and_then(Value::as_str).unwrap_or_default().to_owned();
-        if blocks.iter().any(|block| kind(block) == "text" && block["text"].as_str().is_none_or(str::is_empty)) {
+        if blocks
+            .iter()
+            .any(|block| kind(block) == "text" && block["text"].as_str().is_none_or(str::is_empty))
+        {
             return Err(violation(index, "empty text block"));
         }
         if role == "assistant" {
@@ -115,7 +121,10 @@ fn check_anthropic(messages: &[Value]) -> Result<(), ProtocolViolation> {
         }
         for id in &results {
             let Some(position) = expected_results.iter().position(|call| call == id) else {
-                return Err(violation(index, format!("tool_result for {id:?} does not answer the previous message")));
+                return Err(violation(
+                    index,
+                    format!("tool_result for {id:?} does not answer the previous message"),
+                ));
             };
             expected_results.remove(position);
         }
@@ -158,7 +167,8 @@ mod tests {
             {"role": "tool", "tool_call_id": "b", "content": "2"}
         ]});
         assert!(check_request(Api::OpenAi, &split).unwrap_err().rule.contains("not answered"));
-        let unanswered = json!({"messages": [{"role": "assistant", "content": "", "tool_calls": [call("a")]}]});
+        let unanswered =
+            json!({"messages": [{"role": "assistant", "content": "", "tool_calls": [call("a")]}]});
         assert!(check_request(Api::OpenAi, &unanswered).unwrap_err().rule.contains("never answered"));
     }
 

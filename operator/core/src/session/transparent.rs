@@ -11,11 +11,12 @@
 //! conversation, a client-side compaction) and the journal must be rewound to the last turn both
 //! still share before the client's newer turns are journaled.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::io::Write;
 use std::path::{Path, PathBuf};
 
-use crate::entry::{EntryId, content_hash};
+use crate::entry::{Entry, EntryId, EntryKind, Role, content_hash};
+use crate::session::tool_schema::is_memory_tool;
 use sha2::{Digest, Sha256};
 
 use crate::session::turn::Turn;
@@ -36,7 +37,30 @@ pub struct IndexError {
 #[derive(Debug)]
 pub struct TransparentIndex {
     known: HashMap<ChainHash, Option<EntryId>>,
+    holders: HashSet<EntryId>,
     path: Option<PathBuf>,
+}
+
+/// Whether `entry` is Strata's own rather than a client turn or an answer the client saw or
+/// should see: a compaction summary or resume instruction, or a memory-tool call or result.
+fn is_strata_own(entry: &Entry, holders: &HashSet<EntryId>) -> bool {
+    if entry.id.kind() == EntryKind::Summary {
+        return true;
+    }
+    if holders.contains(&entry.id) {
+        return false;
+    }
+    match entry.role {
+        Role::User | Role::System => true,
+        Role::Assistant => {
+            entry.content.text.is_empty()
+                && !entry.content.tool_calls.is_empty()
+                && entry.content.tool_calls.iter().all(|call| is_memory_tool(&call.name))
+        }
+        Role::Tool => {
+            entry.content.tool_results.iter().all(|result| result.name.as_deref().is_some_and(is_memory_tool))
+        }
+    }
 }
 
 /// How a transparent request relates to the journal.
@@ -71,7 +95,7 @@ pub fn chain(previous: &ChainHash, turn: &Turn) -> ChainHash {
 impl TransparentIndex {
     /// An index kept in memory only (replay).
     pub fn in_memory() -> Self {
-        Self { known: HashMap::new(), path: None }
+        Self { known: HashMap::new(), holders: HashSet::new(), path: None }
     }
 
     /// Loads the index at `path` (absent means empty). Lines that are not 64 hex digits are a torn
@@ -79,6 +103,7 @@ impl TransparentIndex {
     pub fn load(path: &Path) -> Result<Self, IndexError> {
         let error = |cause| IndexError { path: path.to_owned(), cause };
         let mut known = HashMap::new();
+        let mut holders = HashSet::new();
         match std::fs::read_to_string(path) {
             Ok(text) => {
                 for line in text.lines() {
@@ -90,15 +115,16 @@ impl TransparentIndex {
                     }
                     let entry = fields.next().and_then(|id| id.parse::<EntryId>().ok());
                     let slot = known.entry(value).or_insert(None);
-                    if entry.is_some() {
-                        *slot = entry;
+                    if let Some(id) = entry {
+                        *slot = Some(id);
+                        holders.insert(id);
                     }
                 }
             }
             Err(cause) if cause.kind() == std::io::ErrorKind::NotFound => {}
             Err(cause) => return Err(error(cause)),
         }
-        Ok(Self { known, path: Some(path.to_owned()) })
+        Ok(Self { known, holders, path: Some(path.to_owned()) })
     }
 
     /// The chain values of `turns` and the index of the first turn that is not yet journaled.
@@ -119,33 +145,41 @@ impl TransparentIndex {
     /// How the request whose chain values are `chains` (with `first_known` turns already
     /// journaled, from [`Self::split`]) relates to the journal's current generation `entries`.
     ///
-    /// It extends the journal when its last known turn is held by the journal's last entry (or
-    /// the journal and the known prefix are both empty, or the turn was recorded before entries
-    /// were tracked). Otherwise it diverged, and the journal is rewound to the latest known turn
-    /// whose entry the generation still holds; when none is (a new conversation, or every shared
-    /// turn was compacted away) to nothing, and the whole request is journaled again.
-    pub fn locate(&self, chains: &[ChainHash], first_known: usize, entries: &[crate::entry::Entry]) -> Placement {
-        let last_entry = entries.last().map(|entry| entry.id);
+    /// It extends the journal when only Strata's own entries (a compaction summary, memory-tool
+    /// traffic) follow the entry holding its last known turn (or the journal is empty and nothing
+    /// is known, or the turn was recorded before entries were tracked). Otherwise it diverged,
+    /// and the journal is rewound to the latest known turn whose entry the generation still holds
+    /// (with Strata's own entries right after it); when none is (a new conversation, or every
+    /// shared turn was compacted away) to nothing, and the whole request is journaled again.
+    pub fn locate(&self, chains: &[ChainHash], first_known: usize, entries: &[Entry]) -> Placement {
+        let own_after = |index: usize| {
+            entries[index + 1..].iter().take_while(|entry| is_strata_own(entry, &self.holders)).count()
+        };
+        let position: HashMap<EntryId, usize> =
+            entries.iter().enumerate().map(|(index, entry)| (entry.id, index)).collect();
         if first_known == 0 {
-            if last_entry.is_none() {
+            if entries.iter().all(|entry| is_strata_own(entry, &self.holders)) {
                 return Placement::Extends { first_new: 0 };
             }
         } else {
             match self.known.get(&chains[first_known - 1]) {
                 Some(None) => return Placement::Extends { first_new: first_known },
-                Some(Some(id)) if Some(*id) == last_entry => {
-                    return Placement::Extends { first_new: first_known };
+                Some(Some(id)) => {
+                    if let Some(&index) = position.get(id)
+                        && index + 1 + own_after(index) == entries.len()
+                    {
+                        return Placement::Extends { first_new: first_known };
+                    }
                 }
-                _ => {}
+                None => {}
             }
         }
-        let position: HashMap<EntryId, usize> =
-            entries.iter().enumerate().map(|(index, entry)| (entry.id, index)).collect();
         let shared = (0..first_known).rev().find_map(|turn| {
             let id = self.known.get(&chains[turn]).copied().flatten()?;
             position.get(&id).map(|index| (turn, *index))
         });
-        let (keep, first_new) = shared.map_or((0, 0), |(turn, index)| (index + 1, turn + 1));
+        let (keep, first_new) =
+            shared.map_or((0, 0), |(turn, index)| (index + 1 + own_after(index), turn + 1));
         Placement::Diverged { keep, first_new, dropped: entries.len() - keep }
     }
 
@@ -155,6 +189,7 @@ impl TransparentIndex {
     pub fn remember(&mut self, values: &[(ChainHash, EntryId)]) -> Result<bool, IndexError> {
         let mut text = String::new();
         for (value, entry) in values {
+            self.holders.insert(*entry);
             if self.known.insert(*value, Some(*entry)) != Some(Some(*entry)) {
                 text.push_str(&hex::encode(value));
                 text.push(' ');

@@ -11,6 +11,7 @@ mod metrics;
 mod openai;
 mod pending;
 mod pipeline;
+mod proposals;
 mod reporter;
 mod response_cache;
 mod server;
@@ -156,7 +157,10 @@ pub async fn start(args: &GatewayArgs) -> Result<RunningGateway, StartError> {
         .local_addr()
         .map_err(|cause| StartError::Bind { address: args.metrics_listen, cause })?;
     let (shutdown, stop) = watch::channel(false);
-    let mut background = vec![tokio::spawn(config::watch(args.config.clone(), live))];
+    let mut background = vec![
+        tokio::spawn(config::watch(args.config.clone(), live)),
+        tokio::spawn(proposals::watch(Arc::clone(&gateway))),
+    ];
     if let Some(target) = reporter::ReportTarget::from_env() {
         tracing::info!(agent = %target.name, namespace = %target.namespace, "reporting status.context to the Agent");
         background.push(tokio::spawn(reporter::run(Arc::clone(&gateway), target)));

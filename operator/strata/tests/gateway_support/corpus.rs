@@ -38,7 +38,10 @@ pub fn files(dir: &Path, suffix: &str) -> Vec<PathBuf> {
 
 /// Seed 003's session.
 pub fn seed_003(shared: &Path) -> Vec<PathBuf> {
-    files(&shared.join("seeds"), ".txt").into_iter().filter(|p| p.to_string_lossy().contains("/003_")).collect()
+    files(&shared.join("seeds"), ".txt")
+        .into_iter()
+        .filter(|p| p.to_string_lossy().contains("/003_"))
+        .collect()
 }
 
 /// The transcript at `path`.

@@ -1,0 +1,133 @@
+//! Real traffic never breaks an agent: every long session and seed 003's session, driven through
+//! the real gateway over HTTP in Transparent mode by a client that resends its whole history on
+//! each call (the fake upstream answering with the recorded assistant messages), gets an answer on
+//! every call, and every upstream request keeps the provider's tool-pairing rules and fits the
+//! window. With a 32k-token window the gateway must compact to get there; the compactions per
+//! session are printed (BENCHMARKS.md, "Real traffic").
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod gateway_support;
+
+use std::path::PathBuf;
+
+use gateway_support::corpus::{files, load, reply_of, seed_003, shared};
+use gateway_support::{FakeUpstream, Harness};
+use serde_json::{Value, json};
+use strata_api::agent::Provider;
+use strata_core::replay::Transcript;
+use strata_core::session::Api;
+use strata_core::session::protocol::check_request;
+
+/// What one session did through the gateway.
+#[derive(Debug, Default)]
+struct Driven {
+    calls: usize,
+    failed: Vec<String>,
+    invalid: Vec<String>,
+    over_window: Vec<String>,
+    compactions: u64,
+    rewinds: u64,
+    peak_tokens: u64,
+}
+
+fn counter(metrics: &str, name: &str) -> u64 {
+    metrics
+        .lines()
+        .filter(|line| line.starts_with(name))
+        .filter_map(|line| line.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum::<f64>() as u64
+}
+
+async fn drive(fake: &FakeUpstream, transcript: &Transcript, window: u32) -> Driven {
+    let gateway = Harness::start(fake, Provider::OpenAI, |config| {
+        config.upstream.context_window = window;
+        config.stable_prefix.system_prompt = String::new();
+    })
+    .await;
+    let wires: Vec<Value> = transcript.messages.iter().map(|m| m.wire.clone()).collect();
+    let mut driven = Driven::default();
+    for (call, &(end, _)) in transcript.calls.iter().enumerate() {
+        fake.unscript();
+        fake.script([reply_of(&wires[end])]);
+        let seen_before = fake.seen().len();
+        let (status, text) = gateway
+            .post("/v1/chat/completions", &json!({"model": "m", "messages": &wires[..end]}), &[])
+            .await;
+        driven.calls += 1;
+        if status != 200 {
+            driven
+                .failed
+                .push(format!("call {call}: {status} {}", text.chars().take(300).collect::<String>()));
+        }
+        for seen in &fake.seen()[seen_before..] {
+            if let Err(violation) = check_request(Api::OpenAi, &seen.body) {
+                driven.invalid.push(format!("call {call}: {violation}"));
+            }
+        }
+        let context = &gateway.get_json("/strata/v1/status").await["context"];
+        let (tokens, limit) = (context["tokens"].as_u64().unwrap(), context["limit"].as_u64().unwrap());
+        driven.peak_tokens = driven.peak_tokens.max(tokens);
+        if tokens > limit {
+            driven.over_window.push(format!("call {call}: {tokens} > {limit}"));
+        }
+    }
+    let metrics = gateway.metrics().await;
+    driven.compactions = counter(&metrics, "strata_gateway_compactions_total");
+    driven.rewinds = counter(&metrics, "strata_gateway_transparent_rewinds_total");
+    gateway.gateway.shutdown().await;
+    driven
+}
+
+async fn drive_all(paths: Vec<PathBuf>, window: u32) {
+    let fake = FakeUpstream::start().await;
+    let mut problems = Vec::new();
+    let mut total_calls = 0;
+    eprintln!(
+        "window {window}: session | calls | failed | invalid | over window | compactions | rewinds | peak tokens"
+    );
+    for path in &paths {
+        let transcript = load(path);
+        let driven = drive(&fake, &transcript, window).await;
+        total_calls += driven.calls;
+        eprintln!(
+            "window {window}: {} | {} | {} | {} | {} | {} | {} | {}",
+            transcript.name,
+            driven.calls,
+            driven.failed.len(),
+            driven.invalid.len(),
+            driven.over_window.len(),
+            driven.compactions,
+            driven.rewinds,
+            driven.peak_tokens
+        );
+        for (kind, list) in [
+            ("failed", &driven.failed),
+            ("protocol-invalid", &driven.invalid),
+            ("over the window", &driven.over_window),
+        ] {
+            problems
+                .extend(list.iter().take(3).map(|problem| format!("{} {kind}: {problem}", transcript.name)));
+        }
+    }
+    assert!(total_calls > 0);
+    assert!(problems.is_empty(), "{} problems:\n{}", problems.len(), problems.join("\n"));
+}
+
+fn sessions() -> Option<Vec<PathBuf>> {
+    let shared = shared()?;
+    let mut paths = seed_003(&shared);
+    paths.extend(files(&shared.join("corpus/long-sessions/sessions"), ".json"));
+    Some(paths)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_long_session_gets_every_answer_at_a_200k_window() {
+    let Some(paths) = sessions() else { return };
+    drive_all(paths, 200_000).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_long_session_gets_every_answer_at_a_32k_window_by_compacting() {
+    let Some(paths) = sessions() else { return };
+    drive_all(paths, 32_000).await;
+}
