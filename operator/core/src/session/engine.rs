@@ -1229,7 +1229,8 @@ impl SessionEngine {
             if !settings.automatic_compaction {
                 return Ok(TurnOutcome::Blocked(Box::new(notice)));
             }
-            compactions += u64::from(self.compact_for_budget(settings, now_ms)?);
+            let reason = "the request would otherwise be blocked by the budget";
+            compactions += u64::from(self.compact_in_process(settings, CompactionMode::Emergency, reason, now_ms)?);
             if let Admission::Blocked(notice) = self.admit(settings, &admission)? {
                 return Ok(TurnOutcome::Blocked(Box::new(notice)));
             }
@@ -1240,7 +1241,8 @@ impl SessionEngine {
         let journaled: Vec<(ChainHash, EntryId)> = chains[first_new..].iter().copied().zip(ids).collect();
         self.remember_chain(&journaled)?;
         if settings.automatic_compaction && self.reached_trigger(settings) {
-            compactions += u64::from(self.compact_for_budget(settings, now_ms)?);
+            let reason = "the context reached the compaction trigger";
+            compactions += u64::from(self.compact_in_process(settings, CompactionMode::Budget, reason, now_ms)?);
         }
         let chain_tail = transparent.then(|| chains.last().copied().unwrap_or([0; 32]));
         let first_call = self.next_call(settings, head)?;
@@ -1265,11 +1267,17 @@ impl SessionEngine {
         used >= settings.limit * u64::from(settings.compaction_trigger_percent) / 100
     }
 
-    /// Budget compaction at the trigger; returns whether the journal was rewritten. A compaction
-    /// that cannot run (nothing to compact, summary rejected) leaves the context as it was.
-    fn compact_for_budget(&mut self, settings: &SessionSettings, now_ms: u64) -> Result<bool, EngineError> {
-        let reason = "the context reached the compaction trigger".to_owned();
-        Ok(match self.compact(settings, CompactionMode::Budget, reason, None, now_ms)? {
+    /// Automatic compaction (Budget at the trigger, Emergency before a block); returns whether the
+    /// journal was rewritten. A compaction that cannot run (nothing to compact, summary rejected)
+    /// leaves the context as it was.
+    fn compact_in_process(
+        &mut self,
+        settings: &SessionSettings,
+        mode: CompactionMode,
+        reason: &str,
+        now_ms: u64,
+    ) -> Result<bool, EngineError> {
+        Ok(match self.compact(settings, mode, reason.to_owned(), None, now_ms)? {
             Ok(record) => record.result_generation != record.source_generation,
             Err(_) => false,
         })
