@@ -1230,7 +1230,8 @@ impl SessionEngine {
                 return Ok(TurnOutcome::Blocked(Box::new(notice)));
             }
             let reason = "the request would otherwise be blocked by the budget";
-            compactions += u64::from(self.compact_in_process(settings, CompactionMode::Emergency, reason, now_ms)?);
+            compactions +=
+                u64::from(self.compact_in_process(settings, CompactionMode::Emergency, reason, now_ms)?);
             if let Admission::Blocked(notice) = self.admit(settings, &admission)? {
                 return Ok(TurnOutcome::Blocked(Box::new(notice)));
             }
@@ -1242,7 +1243,8 @@ impl SessionEngine {
         self.remember_chain(&journaled)?;
         if settings.automatic_compaction && self.reached_trigger(settings) {
             let reason = "the context reached the compaction trigger";
-            compactions += u64::from(self.compact_in_process(settings, CompactionMode::Budget, reason, now_ms)?);
+            compactions +=
+                u64::from(self.compact_in_process(settings, CompactionMode::Budget, reason, now_ms)?);
         }
         let chain_tail = transparent.then(|| chains.last().copied().unwrap_or([0; 32]));
         let first_call = self.next_call(settings, head)?;
