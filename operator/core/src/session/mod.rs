@@ -24,4 +24,5 @@ pub use engine::{
 };
 pub use inspect::{ContextEvent, EntryDetail};
 pub use settings::SessionSettings;
+pub use state::CorruptState;
 pub use turn::{Api, AssistantOutput, ChatRequest, Turn, Usage};

@@ -15,6 +15,8 @@ mod reporter;
 mod response_cache;
 mod server;
 mod sse;
+#[cfg(test)]
+mod stream_props;
 mod upstream;
 
 use std::net::SocketAddr;
@@ -26,7 +28,9 @@ use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
+pub use pending::DEFAULT_MAX_HELD_BYTES;
 pub use pipeline::SESSION_HEADER;
+pub use upstream::DEFAULT_MAX_RESPONSE_BYTES;
 
 /// Largest request body accepted by default (32 MiB).
 pub const DEFAULT_MAX_BODY_BYTES: usize = 32 * 1024 * 1024;
@@ -50,6 +54,14 @@ pub struct GatewayArgs {
     /// Largest accepted request body in bytes; larger bodies get 413.
     #[arg(long, default_value_t = DEFAULT_MAX_BODY_BYTES)]
     pub max_body_bytes: usize,
+    /// Largest upstream answer read in bytes (a whole JSON answer, or one round of a stream);
+    /// a larger one is cut off and the client gets a 502 in its provider's shape.
+    #[arg(long, default_value_t = upstream::DEFAULT_MAX_RESPONSE_BYTES)]
+    pub max_upstream_response_bytes: usize,
+    /// Bytes of blocked requests held for `resume` (at most 64 requests); past it the oldest is
+    /// forgotten, and its resume says so.
+    #[arg(long, default_value_t = pending::DEFAULT_MAX_HELD_BYTES)]
+    pub max_held_bytes: usize,
 }
 
 /// Why the gateway cannot start.
@@ -135,16 +147,23 @@ pub async fn start(args: &GatewayArgs) -> Result<RunningGateway, StartError> {
     if let Some((path, bytes)) = engine.torn_record() {
         tracing::warn!(path = %path.display(), bytes, "journal: truncated a torn final record");
     }
-    let upstream =
-        upstream::Upstream::new(Duration::from_secs(u64::from(settings.config.upstream.timeout_seconds)))?;
+    let metrics = metrics::Metrics::new()?;
+    for corrupt in engine.corrupt_state() {
+        tracing::warn!(path = %corrupt.path.display(), reason = %corrupt.reason, "{corrupt}");
+        metrics.corrupt_state_files.inc();
+    }
+    let upstream = upstream::Upstream::new(
+        Duration::from_secs(u64::from(settings.config.upstream.timeout_seconds)),
+        args.max_upstream_response_bytes,
+    )?;
     let live = config::LiveSettings::new(settings);
     let gateway = Arc::new(pipeline::Gateway {
         live: live.clone(),
         engine: std::sync::Mutex::new(engine),
         durability: durability::Durability::default(),
         upstream,
-        metrics: metrics::Metrics::new()?,
-        pending: pending::PendingOperations::default(),
+        metrics,
+        pending: pending::PendingOperations::new(args.max_held_bytes),
         inspect: inspect::InspectLog::default(),
         max_body_bytes: args.max_body_bytes,
         responses: response_cache::ResponseCache::default(),

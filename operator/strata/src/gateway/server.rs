@@ -218,11 +218,18 @@ async fn inspect(State(gateway): State<Arc<Gateway>>, request: Request) -> Respo
 
 async fn resume(State(gateway): State<Arc<Gateway>>, Path(id): Path<String>) -> Response {
     let api = provider_api(&gateway);
-    let Some(pending) = gateway.pending.get(&id) else {
-        return GatewayError::NotFound(format!(
-            "no blocked operation {id}: it already ran, or the gateway restarted since it was blocked (send the request again)"
-        ))
-        .into_response_for(api);
+    let pending = match gateway.pending.get(&id) {
+        Ok(pending) => pending,
+        Err(Some(forgotten)) => {
+            return GatewayError::NotFound(format!("blocked operation {id} is no longer held: {forgotten}"))
+                .into_response_for(api);
+        }
+        Err(None) => {
+            return GatewayError::NotFound(format!(
+                "no blocked operation {id}: it already ran, or the gateway restarted since it was blocked (send the request again)"
+            ))
+            .into_response_for(api);
+        }
     };
     let settings = gateway.live.get();
     if let Err(error) = gateway.with_engine(move |engine| engine.refresh(&settings.session, true)).await {
