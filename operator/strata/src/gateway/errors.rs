@@ -146,7 +146,13 @@ impl GatewayError {
         if matches!(self, GatewayError::Engine(_)) {
             tracing::error!(error = %self, "request failed");
         }
-        json_response(self.status(), &self.body(api))
+        let mut response = json_response(self.status(), &self.body(api));
+        if matches!(self, GatewayError::PayloadTooLarge { .. }) {
+            // The rest of the body is not read: the connection cannot carry another request, and
+            // saying so keeps clients from reusing it (they would see it closed mid-request).
+            response.headers_mut().insert(header::CONNECTION, HeaderValue::from_static("close"));
+        }
+        response
     }
 }
 
