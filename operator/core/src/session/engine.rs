@@ -345,7 +345,17 @@ impl SessionEngine {
     /// Opens the agent's data directory: the journal at its root (taking the writer lock), artifacts
     /// under `artifacts/`, engine state under `gateway/`.
     pub fn open(data_dir: &Path, settings: &SessionSettings, now_ms: u64) -> Result<Self, EngineError> {
-        let storage: Arc<dyn Storage> = Arc::new(StdStorage);
+        Self::open_on(Arc::new(StdStorage), data_dir, settings, now_ms)
+    }
+
+    /// [`SessionEngine::open`] on the given storage (the gateway's fault tests inject write and
+    /// fsync errors through it).
+    pub fn open_on(
+        storage: Arc<dyn Storage>,
+        data_dir: &Path,
+        settings: &SessionSettings,
+        now_ms: u64,
+    ) -> Result<Self, EngineError> {
         let state = StateDir::on_disk(Arc::clone(&storage), data_dir.join("gateway"))?;
         let transparent = TransparentIndex::load(&data_dir.join("gateway").join("transparent-prefixes"))?;
         let options = JournalOptions {

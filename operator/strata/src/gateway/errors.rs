@@ -79,6 +79,15 @@ pub enum GatewayError {
     /// The context engine failed.
     #[error(transparent)]
     Engine(#[from] EngineError),
+    /// The context engine was unloaded after a fault (a panic, a storage error) and cannot be
+    /// reloaded from the journal yet.
+    #[error("the gateway is not ready: {cause}; {reason}")]
+    EngineUnavailable {
+        /// Why it was unloaded.
+        cause: String,
+        /// Why it is not back yet, or what happens next.
+        reason: String,
+    },
 }
 
 impl GatewayError {
@@ -96,6 +105,7 @@ impl GatewayError {
             GatewayError::UpstreamStatus { status, .. } => *status,
             GatewayError::Engine(error) if error.is_client_error() => StatusCode::BAD_REQUEST,
             GatewayError::Engine(_) => StatusCode::INTERNAL_SERVER_ERROR,
+            GatewayError::EngineUnavailable { .. } => StatusCode::SERVICE_UNAVAILABLE,
         }
     }
 
@@ -113,6 +123,7 @@ impl GatewayError {
             GatewayError::UpstreamStatus { .. } => "upstream_error",
             GatewayError::Engine(error) if error.is_client_error() => "invalid_request_error",
             GatewayError::Engine(_) => "gateway_error",
+            GatewayError::EngineUnavailable { .. } => "gateway_unavailable",
         }
     }
 
@@ -143,7 +154,7 @@ impl GatewayError {
             response.headers_mut().extend(headers);
             return response;
         }
-        if matches!(self, GatewayError::Engine(_)) {
+        if matches!(self, GatewayError::Engine(_) | GatewayError::EngineUnavailable { .. }) {
             tracing::error!(error = %self, "request failed");
         }
         let mut response = json_response(self.status(), &self.body(api));

@@ -4,7 +4,7 @@
 
 mod anthropic;
 pub mod config;
-mod durability;
+mod engine_host;
 mod errors;
 mod inspect;
 mod metrics;
@@ -137,8 +137,17 @@ fn serve(listener: TcpListener, router: axum::Router, mut stop: watch::Receiver<
 /// Loads the config, opens the data directory (refusing a locked or corrupt one with the journal's
 /// error), binds both listeners and starts serving.
 pub async fn start(args: &GatewayArgs) -> Result<RunningGateway, StartError> {
+    start_on(args, Arc::new(strata_core::journal::StdStorage)).await
+}
+
+/// [`start`] with the data directory on `storage` (tests inject storage faults through it).
+pub async fn start_on(
+    args: &GatewayArgs,
+    storage: Arc<dyn strata_core::journal::Storage>,
+) -> Result<RunningGateway, StartError> {
     let settings = config::Settings::load(&args.config)?;
-    let engine = strata_core::session::SessionEngine::open(
+    let engine = strata_core::session::SessionEngine::open_on(
+        Arc::clone(&storage),
         &args.data_dir,
         &settings.session,
         strata_core::session::now_ms(),
@@ -159,8 +168,7 @@ pub async fn start(args: &GatewayArgs) -> Result<RunningGateway, StartError> {
     let live = config::LiveSettings::new(settings);
     let gateway = Arc::new(pipeline::Gateway {
         live: live.clone(),
-        engine: std::sync::Mutex::new(engine),
-        durability: durability::Durability::default(),
+        engine: Arc::new(engine_host::EngineHost::new(engine, storage, &args.data_dir)),
         upstream,
         metrics,
         pending: pending::PendingOperations::new(args.max_held_bytes),

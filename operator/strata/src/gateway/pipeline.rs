@@ -12,7 +12,7 @@
 //! error event in its provider's shape and journals nothing of that round.
 
 use std::convert::Infallible;
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use axum::body::Body;
@@ -32,7 +32,7 @@ use strata_core::session::{
 use tokio::sync::mpsc;
 
 use super::config::{LiveSettings, Settings};
-use super::durability::Durability;
+use super::engine_host::EngineHost;
 use super::errors::GatewayError;
 use super::inspect::{InspectLog, RequestRecord, RoundRecord, cache_outcome};
 use super::metrics::Metrics;
@@ -53,10 +53,8 @@ pub const SESSION_HEADER: &str = "x-strata-session";
 pub struct Gateway {
     /// The settings in force.
     pub live: LiveSettings,
-    /// The agent's context.
-    pub engine: Mutex<SessionEngine>,
-    /// Group commit of the engine's writes.
-    pub durability: Durability,
+    /// The agent's context, off the async runtime.
+    pub engine: Arc<EngineHost>,
     /// The upstream client.
     pub upstream: Upstream,
     /// Metrics.
@@ -72,28 +70,12 @@ pub struct Gateway {
 }
 
 impl Gateway {
-    fn lock_engine(&self) -> MutexGuard<'_, SessionEngine> {
-        match self.engine.lock() {
-            Ok(guard) => guard,
-            Err(poisoned) => poisoned.into_inner(),
-        }
-    }
-
-    /// Runs `work` on the engine and returns once its writes are durable.
-    pub async fn with_engine<T>(
+    /// Runs `work` on the engine (on the blocking pool) and returns once its writes are durable.
+    pub async fn with_engine<T: Send + 'static>(
         &self,
-        work: impl FnOnce(&mut SessionEngine) -> Result<T, EngineError>,
-    ) -> Result<T, EngineError> {
-        let (value, seq) = {
-            let mut engine = self.lock_engine();
-            let value = work(&mut engine);
-            for warning in engine.take_warnings() {
-                tracing::warn!(%warning, "session engine");
-            }
-            (value?, engine.appended_seq())
-        };
-        self.durability.wait(&self.engine, seq).await?;
-        Ok(value)
+        work: impl FnOnce(&mut SessionEngine) -> Result<T, EngineError> + Send + 'static,
+    ) -> Result<T, GatewayError> {
+        self.engine.run(self.live.get(), work).await
     }
 }
 

@@ -140,13 +140,16 @@ async fn healthz() -> &'static str {
     "ok"
 }
 
+/// Ready when the engine is loaded and its journal writer healthy. After a fault (a panic, a
+/// storage error) the engine is reloaded from the journal here or by the next request, as soon as
+/// a probe write succeeds; until then the answer says why it is not ready.
 async fn readyz(State(gateway): State<Arc<Gateway>>) -> Response {
     let poisoned = gateway.with_engine(|engine| Ok(engine.journal().is_poisoned())).await;
     match poisoned {
-        Ok(false) if !gateway.durability.is_failed() => "ready".into_response(),
-        Ok(_) | Err(_) => {
-            (StatusCode::SERVICE_UNAVAILABLE, "journal writer failed; restart the gateway").into_response()
-        }
+        Ok(false) => "ready".into_response(),
+        Ok(true) => (StatusCode::SERVICE_UNAVAILABLE, "journal writer failed; the engine is reloaded on the next request")
+            .into_response(),
+        Err(error) => (StatusCode::SERVICE_UNAVAILABLE, error.to_string()).into_response(),
     }
 }
 
@@ -177,6 +180,7 @@ async fn status(State(gateway): State<Arc<Gateway>>) -> Response {
                 "cacheKeyShort": settings.config.cache_key_short,
                 "sessionMode": settings.config.session_mode,
                 "budget": settings.session.budget,
+                "engineReloads": gateway.engine.reloads(),
             }),
         ),
         Err(error) => GatewayError::from(error).into_response_for(provider_api(&gateway)),
