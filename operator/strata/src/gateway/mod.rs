@@ -156,6 +156,9 @@ pub async fn start_on(
     if let Some((path, bytes)) = engine.torn_record() {
         tracing::warn!(path = %path.display(), bytes, "journal: truncated a torn final record");
     }
+    let held_state =
+        strata_core::session::StateDir::on_disk(Arc::clone(&storage), args.data_dir.join("gateway"))
+            .map_err(|cause| StartError::DataDir { path: args.data_dir.clone(), cause })?;
     let metrics = metrics::Metrics::new()?;
     for corrupt in engine.corrupt_state() {
         tracing::warn!(path = %corrupt.path.display(), reason = %corrupt.reason, "{corrupt}");
@@ -171,7 +174,7 @@ pub async fn start_on(
         engine: Arc::new(engine_host::EngineHost::new(engine, storage, &args.data_dir)),
         upstream,
         metrics,
-        pending: pending::PendingOperations::new(args.max_held_bytes),
+        pending: pending::PendingOperations::new(args.max_held_bytes, held_state),
         inspect: inspect::InspectLog::default(),
         max_body_bytes: args.max_body_bytes,
         responses: response_cache::ResponseCache::default(),

@@ -1,5 +1,7 @@
 //! Requests blocked by the context budget, kept in memory until resumed by their operation id,
-//! within a count and a byte budget (the oldest is forgotten first, and its resume says why).
+//! within a count and a byte budget (the oldest is forgotten first, and its resume says why). The
+//! ids of held requests are written durably to `gateway/held-operations.json`, so that after a
+//! restart their resume answers "cancelled by a restart" instead of an unknown id.
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::{Mutex, MutexGuard};
@@ -7,6 +9,7 @@ use std::sync::{Mutex, MutexGuard};
 use axum::http::HeaderMap;
 use bytes::Bytes;
 
+use strata_core::session::StateDir;
 use strata_core::session::turn::Api;
 
 /// Blocked requests kept at most; the oldest is forgotten first.
@@ -14,6 +17,9 @@ pub const MAX_PENDING: usize = 64;
 
 /// Bytes of blocked requests (bodies and headers) kept by default (256 MiB).
 pub const DEFAULT_MAX_HELD_BYTES: usize = 256 * 1024 * 1024;
+
+/// The state file listing the ids of held requests.
+pub const HELD_FILE: &str = "held-operations.json";
 
 /// Forgotten operation ids remembered, so that their resume can say why they are gone.
 const FORGOTTEN_REMEMBERED: usize = 1024;
@@ -53,6 +59,8 @@ pub enum Forgotten {
         /// The byte budget.
         budget: usize,
     },
+    /// The gateway restarted while it was held (held requests live in memory).
+    CancelledByRestart,
 }
 
 impl std::fmt::Display for Forgotten {
@@ -65,6 +73,10 @@ impl std::fmt::Display for Forgotten {
             Forgotten::Evicted { budget } => write!(
                 f,
                 "newer blocked requests pushed it out of the gateway's budget for held requests ({MAX_PENDING} requests, {budget} bytes, --max-held-bytes); send the request again once space is freed"
+            ),
+            Forgotten::CancelledByRestart => write!(
+                f,
+                "it was cancelled by a restart of the gateway (held requests live in memory); send the request again once space is freed"
             ),
         }
     }
@@ -102,18 +114,37 @@ impl Held {
 pub struct PendingOperations {
     max_bytes: usize,
     held: Mutex<Held>,
-}
-
-impl Default for PendingOperations {
-    fn default() -> Self {
-        Self::new(DEFAULT_MAX_HELD_BYTES)
-    }
+    state: StateDir,
 }
 
 impl PendingOperations {
-    /// Keeps blocked requests of at most `max_bytes` in total.
-    pub fn new(max_bytes: usize) -> Self {
-        Self { max_bytes, held: Mutex::new(Held::default()) }
+    /// Keeps blocked requests of at most `max_bytes` in total, listing their ids in `state`. Ids
+    /// listed there by the previous run are answered as cancelled by the restart.
+    pub fn new(max_bytes: usize, state: StateDir) -> Self {
+        let mut held = Held::default();
+        match state.read::<Vec<String>>(HELD_FILE) {
+            Ok((ids, corrupt)) => {
+                if let Some(corrupt) = corrupt {
+                    tracing::warn!("{corrupt}");
+                }
+                for id in ids {
+                    held.forget(id, Forgotten::CancelledByRestart);
+                }
+            }
+            Err(error) => tracing::warn!(%error, "reading the held operations of the previous run"),
+        }
+        let pending = Self { max_bytes, held: Mutex::new(held), state };
+        pending.persist(&pending.lock());
+        pending
+    }
+
+    /// Writes the held ids durably (a failure is logged: it only loses the restart notice).
+    fn persist(&self, held: &Held) {
+        let mut ids: Vec<&String> = held.requests.keys().collect();
+        ids.sort();
+        if let Err(error) = self.state.write(HELD_FILE, &ids) {
+            tracing::warn!(%error, "recording the held operations");
+        }
     }
 
     fn lock(&self) -> MutexGuard<'_, Held> {
@@ -146,6 +177,7 @@ impl PendingOperations {
         held.bytes += bytes;
         held.requests.insert(operation_id.to_owned(), request);
         held.forgotten.retain(|(id, _)| id != operation_id);
+        self.persist(&held);
         None
     }
 
@@ -163,6 +195,7 @@ impl PendingOperations {
         let mut held = self.lock();
         if let Some(request) = held.requests.remove(operation_id) {
             held.bytes -= request.bytes();
+            self.persist(&held);
         }
     }
 
@@ -178,13 +211,33 @@ mod tests {
     #![allow(clippy::unwrap_used)]
     use super::*;
 
+    #[test]
+    fn held_ids_are_cancelled_by_a_restart() {
+        let dir = tempfile::tempdir().unwrap();
+        let state = || {
+            let storage = std::sync::Arc::new(strata_core::journal::StdStorage);
+            StateDir::on_disk(storage, dir.path().join("gateway")).unwrap()
+        };
+        let before = PendingOperations::new(1_000, state());
+        before.insert("op_a", Api::OpenAi, HeaderMap::new(), body(10));
+        before.insert("op_b", Api::OpenAi, HeaderMap::new(), body(10));
+        before.remove("op_b");
+        let after = PendingOperations::new(1_000, state());
+        let cancelled = after.get("op_a").unwrap_err().unwrap();
+        assert_eq!(cancelled, Forgotten::CancelledByRestart);
+        assert!(cancelled.to_string().contains("cancelled by a restart"));
+        assert_eq!(after.get("op_b").unwrap_err(), None, "an operation that ran is not reported");
+        let again = PendingOperations::new(1_000, state());
+        assert_eq!(again.get("op_a").unwrap_err(), None, "reported by the first restart only");
+    }
+
     fn body(bytes: usize) -> Bytes {
         Bytes::from(vec![b'x'; bytes])
     }
 
     #[test]
     fn the_byte_budget_forgets_the_oldest_and_says_why() {
-        let pending = PendingOperations::new(1_000);
+        let pending = PendingOperations::new(1_000, StateDir::in_memory());
         assert_eq!(pending.insert("a", Api::OpenAi, HeaderMap::new(), body(400)), None);
         assert_eq!(pending.insert("b", Api::OpenAi, HeaderMap::new(), body(400)), None);
         assert_eq!(pending.insert("c", Api::OpenAi, HeaderMap::new(), body(400)), None);
@@ -202,7 +255,7 @@ mod tests {
 
     #[test]
     fn the_count_budget_still_applies() {
-        let pending = PendingOperations::new(usize::MAX);
+        let pending = PendingOperations::new(usize::MAX, StateDir::in_memory());
         for id in 0..=MAX_PENDING {
             pending.insert(&id.to_string(), Api::Anthropic, HeaderMap::new(), body(1));
         }
