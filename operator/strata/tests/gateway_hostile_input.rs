@@ -17,14 +17,35 @@ use strata_api::agent::Provider;
 const CASES: u32 = 600;
 
 const KEYS: [&str; 22] = [
-    "role", "content", "messages", "type", "text", "tool_calls", "tool_call_id", "tool_use_id", "name", "id",
-    "function", "arguments", "input", "tools", "stream", "system", "model", "n", "image_url", "source",
-    "cache_control", "stream_options",
+    "role",
+    "content",
+    "messages",
+    "type",
+    "text",
+    "tool_calls",
+    "tool_call_id",
+    "tool_use_id",
+    "name",
+    "id",
+    "function",
+    "arguments",
+    "input",
+    "tools",
+    "stream",
+    "system",
+    "model",
+    "n",
+    "image_url",
+    "source",
+    "cache_control",
+    "stream_options",
 ];
 
-const ROLES: [&str; 9] = ["user", "assistant", "system", "tool", "developer", "function", "robot", "", "USER"];
+const ROLES: [&str; 9] =
+    ["user", "assistant", "system", "tool", "developer", "function", "robot", "", "USER"];
 
-const BLOCKS: [&str; 8] = ["text", "tool_use", "tool_result", "image", "image_url", "document", "thinking", "x"];
+const BLOCKS: [&str; 8] =
+    ["text", "tool_use", "tool_result", "image", "image_url", "document", "thinking", "x"];
 
 fn key() -> impl Strategy<Value = String> {
     prop_oneof![4 => (0..KEYS.len()).prop_map(|i| KEYS[i].to_owned()), 1 => ".{0,8}"]
@@ -100,7 +121,8 @@ fn hostile() -> impl Strategy<Value = (&'static str, Vec<u8>)> {
             }
         ),
         ((1usize..20_000), any::<bool>()).prop_map(|(depth, object)| {
-            let body = format!("{{\"messages\":[{{\"role\":\"user\",\"content\":{}}}]}}", nested(depth, object));
+            let body =
+                format!("{{\"messages\":[{{\"role\":\"user\",\"content\":{}}}]}}", nested(depth, object));
             ("deep_nesting", body.into_bytes())
         }),
         (prop_oneof![Just(64 * 1024), Just(900 * 1024), Just(1_200 * 1024)], any::<bool>()).prop_map(
@@ -136,7 +158,8 @@ fn hostile() -> impl Strategy<Value = (&'static str, Vec<u8>)> {
 }
 
 fn assert_error_shape(provider: Provider, status: u16, text: &str) {
-    let body: Value = serde_json::from_str(text).unwrap_or_else(|_| panic!("{status}: error is not JSON: {text}"));
+    let body: Value =
+        serde_json::from_str(text).unwrap_or_else(|_| panic!("{status}: error is not JSON: {text}"));
     match provider {
         Provider::Anthropic => {
             assert_eq!(body["type"], "error", "{text}");

@@ -143,7 +143,8 @@ async fn storage_faults_make_the_gateway_not_ready_and_it_recovers_once_writes_s
     write_config(&config_path, &config(&fake, Provider::OpenAI, dir.path()));
     let data_dir = dir.path().join("data");
     let storage = FaultyStorage::default();
-    let running = strata::gateway::start_on(&args(&config_path, &data_dir), Arc::new(storage.clone())).await.unwrap();
+    let running =
+        strata::gateway::start_on(&args(&config_path, &data_dir), Arc::new(storage.clone())).await.unwrap();
     let gateway = Harness { dir, config_path, data_dir, gateway: running, client: reqwest::Client::new() };
 
     let mut history: Vec<Value> = Vec::new();
@@ -161,7 +162,10 @@ async fn storage_faults_make_the_gateway_not_ready_and_it_recovers_once_writes_s
             assert_eq!(status, 503, "{kind}: {body}");
             assert_eq!(body["error"]["type"], "gateway_unavailable", "{kind}: {body}");
             let message = body["error"]["message"].as_str().unwrap();
-            assert!(message.contains(needle) && message.contains("send the request again"), "{kind}: {message}");
+            assert!(
+                message.contains(needle) && message.contains("send the request again"),
+                "{kind}: {message}"
+            );
             *injected.entry(kind).or_default() += 1;
 
             let ready = gateway.client.get(gateway.url("/readyz")).send().await.unwrap();
@@ -175,14 +179,25 @@ async fn storage_faults_make_the_gateway_not_ready_and_it_recovers_once_writes_s
             let (status, body) = gateway.post_json(CHAT, &json!({"messages": history}), &[]).await;
             assert_eq!(status, 200, "{kind}: the retry succeeds: {body}");
             history.push(json!({"role": "assistant", "content": "ok"}));
-            assert_eq!(roles(&gateway).await, alternating(history.len()), "{kind}: nothing lost or duplicated");
+            assert_eq!(
+                roles(&gateway).await,
+                alternating(history.len()),
+                "{kind}: nothing lost or duplicated"
+            );
         }
     }
     let status = gateway.get_json("/strata/v1/status").await;
     assert_eq!(status["engineReloads"], 9, "{status}");
     let total: u32 = injected.values().sum();
-    eprintln!("storage faults injected: {total}; by kind: {injected:?}; engine reloads: {}", status["engineReloads"]);
+    eprintln!(
+        "storage faults injected: {total}; by kind: {injected:?}; engine reloads: {}",
+        status["engineReloads"]
+    );
 
     let gateway = gateway.restart().await;
-    assert_eq!(roles(&gateway).await, alternating(history.len()), "the journal verifies and replays after a restart");
+    assert_eq!(
+        roles(&gateway).await,
+        alternating(history.len()),
+        "the journal verifies and replays after a restart"
+    );
 }

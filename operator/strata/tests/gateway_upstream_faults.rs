@@ -64,7 +64,8 @@ fn partial_stream(provider: Provider) -> String {
 
 fn faults(provider: Provider, stream: bool) -> Vec<Fault> {
     let partial = partial_stream(provider);
-    let partial_json = r#"{"id":"chatcmpl-1","choices":[{"index":0,"message":{"role":"assistant","content":"half"#;
+    let partial_json =
+        r#"{"id":"chatcmpl-1","choices":[{"index":0,"message":{"role":"assistant","content":"half"#;
     let mut rate_limited = RawReply {
         status: 429,
         headers: vec![("content-type".into(), "application/json".into()), ("retry-after".into(), "7".into())],
@@ -76,10 +77,15 @@ fn faults(provider: Provider, stream: bool) -> Vec<Fault> {
     } else {
         rate_limited.headers.push(("x-ratelimit-remaining-requests".into(), "0".into()));
     }
-    let cut = if stream { (partial.as_str(), "text/event-stream") } else { (partial_json, "application/json") };
+    let cut =
+        if stream { (partial.as_str(), "text/event-stream") } else { (partial_json, "application/json") };
     let not_complete = if stream { "ended before the answer was complete" } else { "not JSON" };
     vec![
-        Fault { kind: "reset_mid_body", reply: raw(200, cut.1, cut.0, true), expect: Expect::Gateway(502, "") },
+        Fault {
+            kind: "reset_mid_body",
+            reply: raw(200, cut.1, cut.0, true),
+            expect: Expect::Gateway(502, ""),
+        },
         Fault {
             kind: "truncated_body",
             reply: raw(200, cut.1, cut.0, false),
@@ -93,17 +99,34 @@ fn faults(provider: Provider, stream: bool) -> Vec<Fault> {
         Fault {
             kind: "non_json_200",
             reply: raw(200, "text/html", "<html><body>502 Bad Gateway (proxy)</body></html>", false),
-            expect: Expect::Gateway(502, if stream { "ended before the answer was complete" } else { "not JSON" }),
+            expect: Expect::Gateway(
+                502,
+                if stream { "ended before the answer was complete" } else { "not JSON" },
+            ),
         },
-        Fault { kind: "status_429_retry_after", reply: Reply::Raw(rate_limited), expect: Expect::PassThrough(429) },
+        Fault {
+            kind: "status_429_retry_after",
+            reply: Reply::Raw(rate_limited),
+            expect: Expect::PassThrough(429),
+        },
         Fault {
             kind: "status_500",
-            reply: raw(500, "application/json", &provider_error(provider, "api_error", "Internal error"), false),
+            reply: raw(
+                500,
+                "application/json",
+                &provider_error(provider, "api_error", "Internal error"),
+                false,
+            ),
             expect: Expect::PassThrough(500),
         },
         Fault {
             kind: "status_503",
-            reply: raw(503, "application/json", &provider_error(provider, "overloaded_error", "Overloaded"), false),
+            reply: raw(
+                503,
+                "application/json",
+                &provider_error(provider, "overloaded_error", "Overloaded"),
+                false,
+            ),
             expect: Expect::PassThrough(503),
         },
         Fault {
@@ -137,7 +160,13 @@ fn error_message(provider: Provider, body: &Value) -> String {
 
 /// Sends `history`, checks the fault's answer, and returns whether the client saw an error.
 async fn send_faulted(gateway: &Harness, provider: Provider, stream: bool, history: &[Value], fault: &Fault) {
-    let response = gateway.client.post(gateway.url(path(provider))).json(&request(history, stream)).send().await.unwrap();
+    let response = gateway
+        .client
+        .post(gateway.url(path(provider)))
+        .json(&request(history, stream))
+        .send()
+        .await
+        .unwrap();
     let status = response.status().as_u16();
     let headers = response.headers().clone();
     let text = response.text().await.unwrap();
@@ -147,7 +176,12 @@ async fn send_faulted(gateway: &Harness, provider: Provider, stream: bool, histo
             let Reply::Raw(raw) = &fault.reply else { unreachable!() };
             assert_eq!(text, raw.body, "{}: the upstream's error body passes through", fault.kind);
             for (name, value) in &raw.headers {
-                assert_eq!(headers.get(name.as_str()).unwrap(), value.as_str(), "{}: header {name}", fault.kind);
+                assert_eq!(
+                    headers.get(name.as_str()).unwrap(),
+                    value.as_str(),
+                    "{}: header {name}",
+                    fault.kind
+                );
             }
             error_message(provider, &serde_json::from_str(&text).unwrap());
         }
@@ -179,20 +213,29 @@ fn alternating(turns: usize) -> Vec<String> {
 
 async fn run(provider: Provider, injected: &mut BTreeMap<String, u32>) {
     let fake = FakeUpstream::start().await;
-    let gateway = Harness::start_with(&fake, provider, |_| {}, |args| args.max_upstream_response_bytes = 32 * 1024).await;
+    let gateway =
+        Harness::start_with(&fake, provider, |_| {}, |args| args.max_upstream_response_bytes = 32 * 1024)
+            .await;
     let mut history: Vec<Value> = Vec::new();
     for stream in [false, true] {
         for fault in faults(provider, stream) {
             history.push(json!({"role": "user", "content": format!("{} (stream {stream})", fault.kind)}));
             fake.script([fault.reply.clone()]);
             send_faulted(&gateway, provider, stream, &history, &fault).await;
-            *injected.entry(format!("{}{}", fault.kind, if stream { " (streamed)" } else { "" })).or_default() += 1;
+            *injected
+                .entry(format!("{}{}", fault.kind, if stream { " (streamed)" } else { "" }))
+                .or_default() += 1;
             assert_eq!(roles(&gateway).await, alternating(history.len()), "{}: no half turn", fault.kind);
 
             let (status, answer) = gateway.post(path(provider), &request(&history, stream), &[]).await;
             assert_eq!(status, 200, "{}: the retry succeeds: {answer}", fault.kind);
             history.push(json!({"role": "assistant", "content": "ok"}));
-            assert_eq!(roles(&gateway).await, alternating(history.len()), "{}: the retry journals once", fault.kind);
+            assert_eq!(
+                roles(&gateway).await,
+                alternating(history.len()),
+                "{}: the retry journals once",
+                fault.kind
+            );
         }
     }
     let ready = gateway.client.get(gateway.url("/readyz")).send().await.unwrap();

@@ -51,7 +51,9 @@ impl StateDir {
     pub fn on_disk(storage: Arc<dyn Storage>, dir: PathBuf) -> Result<Self, EngineError> {
         storage.create_dir_all(&dir).map_err(|error| state_error(&dir, error))?;
         if let Some(parent) = dir.parent() {
-            storage.sync_dir(parent).map_err(|error| state_error(parent, format!("fsync directory: {error}")))?;
+            storage
+                .sync_dir(parent)
+                .map_err(|error| state_error(parent, format!("fsync directory: {error}")))?;
         }
         Ok(StateDir { dir: Some((dir, storage)) })
     }
@@ -63,7 +65,10 @@ impl StateDir {
 
     /// Reads state file `name`: absent gives the default; unparsable gives the default and says so
     /// (a torn or damaged state file never stops the gateway: every state file is derived data).
-    pub fn read<T: DeserializeOwned + Default>(&self, name: &str) -> Result<(T, Option<CorruptState>), EngineError> {
+    pub fn read<T: DeserializeOwned + Default>(
+        &self,
+        name: &str,
+    ) -> Result<(T, Option<CorruptState>), EngineError> {
         let Some((dir, storage)) = &self.dir else { return Ok((T::default(), None)) };
         let path = dir.join(name);
         match storage.read(&path) {

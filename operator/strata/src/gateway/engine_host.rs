@@ -66,7 +66,9 @@ fn panic_text(payload: &(dyn std::any::Any + Send)) -> String {
 fn is_storage_fault(error: &EngineError) -> bool {
     match error {
         EngineError::Durability(_) | EngineError::State { .. } => true,
-        EngineError::Journal(error) => matches!(error, JournalError::Io { .. } | JournalError::Poisoned { .. }),
+        EngineError::Journal(error) => {
+            matches!(error, JournalError::Io { .. } | JournalError::Poisoned { .. })
+        }
         EngineError::Artifact(_) => true,
         _ => false,
     }
@@ -112,7 +114,9 @@ impl EngineHost {
     /// Writes, fsyncs and removes a probe file: storage accepts writes again.
     fn probe(&self) -> Result<(), String> {
         let probe = self.data_dir.join(PROBE_FILE);
-        self.storage.write_file(&probe, b"probe").map_err(|error| format!("write {}: {error}", probe.display()))?;
+        self.storage
+            .write_file(&probe, b"probe")
+            .map_err(|error| format!("write {}: {error}", probe.display()))?;
         self.storage.sync_file(&probe).map_err(|error| format!("fsync {}: {error}", probe.display()))?;
         self.storage.remove_file(&probe).map_err(|error| format!("remove {}: {error}", probe.display()))
     }
@@ -125,10 +129,16 @@ impl EngineHost {
     ) -> Result<&'a mut SessionEngine, GatewayError> {
         if slot.engine.is_none() {
             let cause = slot.fault.as_ref().map(|fault| fault.cause.clone()).unwrap_or_default();
-            let unavailable = |reason: String| GatewayError::EngineUnavailable { cause: cause.clone(), reason };
+            let unavailable =
+                |reason: String| GatewayError::EngineUnavailable { cause: cause.clone(), reason };
             self.probe().map_err(unavailable)?;
-            let engine = SessionEngine::open_on(Arc::clone(&self.storage), &self.data_dir, &settings.session, now_ms())
-                .map_err(|error| unavailable(format!("reopening the journal: {error}")))?;
+            let engine = SessionEngine::open_on(
+                Arc::clone(&self.storage),
+                &self.data_dir,
+                &settings.session,
+                now_ms(),
+            )
+            .map_err(|error| unavailable(format!("reopening the journal: {error}")))?;
             self.epoch.fetch_add(1, Ordering::AcqRel);
             self.synced.store(0, Ordering::Release);
             self.reloads.fetch_add(1, Ordering::Relaxed);
@@ -222,7 +232,9 @@ impl EngineHost {
                 let mut slot = host.lock();
                 match slot.engine.as_mut() {
                     Some(engine) => engine.durable_target(),
-                    None => return Err("the engine was unloaded before its writes were made durable".to_owned()),
+                    None => {
+                        return Err("the engine was unloaded before its writes were made durable".to_owned());
+                    }
                 }
             };
             for path in &target.paths {
@@ -276,7 +288,8 @@ mod tests {
         let settings = settings(dir.path());
         let engine = SessionEngine::open(dir.path(), &settings.session, now_ms()).unwrap();
         let host = Arc::new(EngineHost::new(engine, Arc::new(StdStorage), dir.path()));
-        let generation = host.run(Arc::clone(&settings), |engine| Ok(engine.journal().generation())).await.unwrap();
+        let generation =
+            host.run(Arc::clone(&settings), |engine| Ok(engine.journal().generation())).await.unwrap();
 
         let failed = host.run(Arc::clone(&settings), |_| -> Result<(), EngineError> { panic!("boom") }).await;
         let Err(GatewayError::EngineUnavailable { cause, .. }) = failed else { panic!("{failed:?}") };
@@ -284,7 +297,8 @@ mod tests {
         assert!(host.fault().unwrap().contains("boom"), "not ready until reloaded");
         assert_eq!(host.reloads(), 0);
 
-        let after = host.run(Arc::clone(&settings), |engine| Ok(engine.journal().generation())).await.unwrap();
+        let after =
+            host.run(Arc::clone(&settings), |engine| Ok(engine.journal().generation())).await.unwrap();
         assert_eq!(after, generation, "reloaded from the same journal");
         assert_eq!((host.reloads(), host.fault()), (1, None));
     }

@@ -9,8 +9,8 @@ use strata_core::session::openai_messages::parse_messages;
 use super::errors::GatewayError;
 use super::sse;
 use strata_core::session::tool_schema::{COMPACT_TOOL_NAME, PURGE_TOOL_NAME, is_memory_tool};
-use strata_core::tool_output::READ_OUTPUT_TOOL_NAME;
 use strata_core::session::turn::{Api, AssistantOutput, ChatRequest, Usage, text_of};
+use strata_core::tool_output::READ_OUTPUT_TOOL_NAME;
 
 const CONSUMED_FIELDS: [&str; 5] = ["messages", "tools", "stream", "stream_options", "model"];
 
@@ -259,7 +259,11 @@ impl StreamTranslator {
                 self.calls.push(StreamedCall {
                     upstream_index: index,
                     route: CallRoute::Held,
-                    call: ToolCall { call_id: String::new(), name: String::new(), arguments_json: String::new() },
+                    call: ToolCall {
+                        call_id: String::new(),
+                        name: String::new(),
+                        arguments_json: String::new(),
+                    },
                 });
                 self.calls.len() - 1
             }

@@ -99,7 +99,8 @@ impl Held {
     }
 
     fn evict_oldest(&mut self, budget: usize) {
-        let Some(oldest) = self.requests.iter().min_by_key(|(_, r)| r.sequence).map(|(id, _)| id.clone()) else {
+        let Some(oldest) = self.requests.iter().min_by_key(|(_, r)| r.sequence).map(|(id, _)| id.clone())
+        else {
             return;
         };
         if let Some(request) = self.requests.remove(&oldest) {
@@ -170,7 +171,8 @@ impl PendingOperations {
             held.forget(operation_id.to_owned(), why.clone());
             return Some(why);
         }
-        while !held.requests.is_empty() && (held.requests.len() >= MAX_PENDING || held.bytes + bytes > self.max_bytes)
+        while !held.requests.is_empty()
+            && (held.requests.len() >= MAX_PENDING || held.bytes + bytes > self.max_bytes)
         {
             held.evict_oldest(self.max_bytes);
         }

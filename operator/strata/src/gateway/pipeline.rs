@@ -212,7 +212,10 @@ async fn prepare(
             {
                 tracing::warn!(operation = %operation_id, %forgotten, "blocked request not held");
             }
-            gateway.metrics.held_request_bytes.set(i64::try_from(gateway.pending.usage().1).unwrap_or(i64::MAX));
+            gateway
+                .metrics
+                .held_request_bytes
+                .set(i64::try_from(gateway.pending.usage().1).unwrap_or(i64::MAX));
             record.outcome = "blocked".into();
             record.overhead_micros = elapsed_micros(started.elapsed());
             gateway.inspect.push(record);

@@ -147,7 +147,10 @@ async fn readyz(State(gateway): State<Arc<Gateway>>) -> Response {
     let poisoned = gateway.with_engine(|engine| Ok(engine.journal().is_poisoned())).await;
     match poisoned {
         Ok(false) => "ready".into_response(),
-        Ok(true) => (StatusCode::SERVICE_UNAVAILABLE, "journal writer failed; the engine is reloaded on the next request")
+        Ok(true) => (
+            StatusCode::SERVICE_UNAVAILABLE,
+            "journal writer failed; the engine is reloaded on the next request",
+        )
             .into_response(),
         Err(error) => (StatusCode::SERVICE_UNAVAILABLE, error.to_string()).into_response(),
     }

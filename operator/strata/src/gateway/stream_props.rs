@@ -15,8 +15,15 @@ const CASES: u32 = 2_000;
 
 /// Tool names drawn by the tests: the three memory tools and client tools, some sharing a prefix
 /// with a memory tool's name.
-const NAMES: [&str; 7] =
-    ["strata_purge", "strata_compact_context", "strata_read_output", "read_file", "strata_status", "strata", "s"];
+const NAMES: [&str; 7] = [
+    "strata_purge",
+    "strata_compact_context",
+    "strata_read_output",
+    "read_file",
+    "strata_status",
+    "strata",
+    "s",
+];
 
 /// One generated tool call: its name, its arguments and where both are cut into deltas.
 #[derive(Debug, Clone)]
@@ -45,11 +52,8 @@ fn generated_call() -> impl Strategy<Value = GeneratedCall> {
 /// Cuts `text` at the given offsets (taken modulo its length, on char boundaries), keeping empty
 /// pieces so that a first delta may carry no name at all.
 fn cut(text: &str, cuts: &[usize]) -> Vec<String> {
-    let mut points: Vec<usize> = cuts
-        .iter()
-        .map(|cut| cut % (text.len() + 1))
-        .filter(|point| text.is_char_boundary(*point))
-        .collect();
+    let mut points: Vec<usize> =
+        cuts.iter().map(|cut| cut % (text.len() + 1)).filter(|point| text.is_char_boundary(*point)).collect();
     points.sort_unstable();
     let mut pieces = Vec::new();
     let mut start = 0;
@@ -162,8 +166,11 @@ fn openai_stream(text: &str, calls: &[GeneratedCall], picks: &[usize], finish: &
 fn openai_client_calls(payloads: &[Value]) -> Vec<(String, String, String)> {
     let mut calls: Vec<(String, String, String)> = Vec::new();
     for payload in payloads {
-        for delta in payload.pointer("/choices/0/delta/tool_calls").and_then(Value::as_array).into_iter().flatten() {
-            let index = usize::try_from(delta["index"].as_u64().expect("a client delta has an index")).unwrap();
+        for delta in
+            payload.pointer("/choices/0/delta/tool_calls").and_then(Value::as_array).into_iter().flatten()
+        {
+            let index =
+                usize::try_from(delta["index"].as_u64().expect("a client delta has an index")).unwrap();
             assert!(index <= calls.len(), "client indices are dense: {index} after {}", calls.len());
             if index == calls.len() {
                 calls.push(Default::default());
@@ -263,7 +270,11 @@ proptest! {
 }
 
 /// The upstream Anthropic stream of one round: a text block, then the calls' blocks interleaved.
-fn anthropic_stream(text: &str, calls: &[GeneratedCall], picks: &[usize]) -> Vec<(Option<&'static str>, String)> {
+fn anthropic_stream(
+    text: &str,
+    calls: &[GeneratedCall],
+    picks: &[usize],
+) -> Vec<(Option<&'static str>, String)> {
     let stop = if calls.is_empty() { "end_turn" } else { "tool_use" };
     let mut events = vec![(
         Some("message_start"),
@@ -273,11 +284,13 @@ fn anthropic_stream(text: &str, calls: &[GeneratedCall], picks: &[usize]) -> Vec
     )];
     events.push((
         Some("content_block_start"),
-        json!({"type": "content_block_start", "index": 0, "content_block": {"type": "text", "text": ""}}).to_string(),
+        json!({"type": "content_block_start", "index": 0, "content_block": {"type": "text", "text": ""}})
+            .to_string(),
     ));
     events.push((
         Some("content_block_delta"),
-        json!({"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": text}}).to_string(),
+        json!({"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": text}})
+            .to_string(),
     ));
     events.push((Some("content_block_stop"), json!({"type": "content_block_stop", "index": 0}).to_string()));
     let per_call = calls
@@ -310,7 +323,8 @@ fn anthropic_stream(text: &str, calls: &[GeneratedCall], picks: &[usize]) -> Vec
     events.extend(interleave(per_call, picks));
     events.push((
         Some("message_delta"),
-        json!({"type": "message_delta", "delta": {"stop_reason": stop}, "usage": {"output_tokens": 3}}).to_string(),
+        json!({"type": "message_delta", "delta": {"stop_reason": stop}, "usage": {"output_tokens": 3}})
+            .to_string(),
     ));
     events.push((Some("message_stop"), json!({"type": "message_stop"}).to_string()));
     events
@@ -378,6 +392,7 @@ fn an_upstream_error_event_fails_the_round() {
     let failure = translator.on_event(Some("error"), &error.to_string()).unwrap_err();
     assert!(failure.to_string().contains("overloaded_error"), "{failure}");
     let mut translator = openai::StreamTranslator::new(false);
-    let failure = translator.on_event(&json!({"error": {"message": "server_error"}}).to_string()).unwrap_err();
+    let failure =
+        translator.on_event(&json!({"error": {"message": "server_error"}}).to_string()).unwrap_err();
     assert!(failure.to_string().contains("server_error"), "{failure}");
 }

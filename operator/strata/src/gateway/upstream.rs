@@ -180,7 +180,9 @@ impl Upstream {
         }
         let url = response.url().to_string();
         let mut body = BytesMut::new();
-        while let Some(chunk) = response.chunk().await.map_err(|error| Self::map_error(settings, &url, error))? {
+        while let Some(chunk) =
+            response.chunk().await.map_err(|error| Self::map_error(settings, &url, error))?
+        {
             if body.len() + chunk.len() > limit {
                 return Err(GatewayError::UpstreamTooLarge { limit });
             }

@@ -83,10 +83,9 @@ impl RawReply {
         };
         *response.status_mut() = StatusCode::from_u16(status).unwrap();
         for (name, value) in headers {
-            response.headers_mut().insert(
-                header::HeaderName::from_bytes(name.as_bytes()).unwrap(),
-                value.parse().unwrap(),
-            );
+            response
+                .headers_mut()
+                .insert(header::HeaderName::from_bytes(name.as_bytes()).unwrap(), value.parse().unwrap());
         }
         response
     }
