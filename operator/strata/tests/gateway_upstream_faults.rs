@@ -94,7 +94,7 @@ fn faults(provider: Provider, stream: bool) -> Vec<Fault> {
         Fault {
             kind: "malformed_sse",
             reply: raw(200, "text/event-stream", "data: {\"choices\": [oops\n\n", false),
-            expect: Expect::Gateway(502, if stream { "not JSON" } else { "not JSON" }),
+            expect: Expect::Gateway(502, "not JSON"),
         },
         Fault {
             kind: "non_json_200",

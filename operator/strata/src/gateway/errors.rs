@@ -52,8 +52,8 @@ pub enum GatewayError {
         /// Its status.
         status: StatusCode,
         /// Its content type and the headers a client acts on (`retry-after`, rate-limit headers,
-        /// request ids).
-        headers: HeaderMap,
+        /// request ids); boxed to keep the error small.
+        headers: Box<HeaderMap>,
         /// Its body.
         body: Bytes,
     },
@@ -151,7 +151,7 @@ impl GatewayError {
     pub fn into_response_for(self, api: Api) -> Response {
         if let GatewayError::UpstreamStatus { status, headers, body } = self {
             let mut response = (status, body).into_response();
-            response.headers_mut().extend(headers);
+            response.headers_mut().extend(*headers);
             return response;
         }
         if matches!(self, GatewayError::Engine(_) | GatewayError::EngineUnavailable { .. }) {

@@ -74,7 +74,7 @@ async fn entry(State(gateway): State<Arc<Gateway>>, Path(id): Path<String>) -> R
             "no entry {id} in the live generation; GET /strata/v1/entries lists the entries"
         ))
         .into_response_for(provider_api(&gateway)),
-        Err(error) => GatewayError::from(error).into_response_for(provider_api(&gateway)),
+        Err(error) => error.into_response_for(provider_api(&gateway)),
     }
 }
 
@@ -186,7 +186,7 @@ async fn status(State(gateway): State<Arc<Gateway>>) -> Response {
                 "engineReloads": gateway.engine.reloads(),
             }),
         ),
-        Err(error) => GatewayError::from(error).into_response_for(provider_api(&gateway)),
+        Err(error) => error.into_response_for(provider_api(&gateway)),
     }
 }
 
@@ -198,7 +198,7 @@ async fn entries(State(gateway): State<Arc<Gateway>>) -> Response {
         .await;
     match listing {
         Ok(body) => json_response(StatusCode::OK, &body),
-        Err(error) => GatewayError::from(error).into_response_for(provider_api(&gateway)),
+        Err(error) => error.into_response_for(provider_api(&gateway)),
     }
 }
 
@@ -219,7 +219,7 @@ async fn inspect(State(gateway): State<Arc<Gateway>>, request: Request) -> Respo
             StatusCode::OK,
             &json!({"requests": requests, "decisions": decisions, "lowerBudgets": lower_budgets}),
         ),
-        Err(error) => GatewayError::from(error).into_response_for(provider_api(&gateway)),
+        Err(error) => error.into_response_for(provider_api(&gateway)),
     }
 }
 
@@ -240,7 +240,7 @@ async fn resume(State(gateway): State<Arc<Gateway>>, Path(id): Path<String>) -> 
     };
     let settings = gateway.live.get();
     if let Err(error) = gateway.with_engine(move |engine| engine.refresh(&settings.session, true)).await {
-        return GatewayError::from(error).into_response_for(pending.api);
+        return error.into_response_for(pending.api);
     }
     match chat(Arc::clone(&gateway), pending.api, pending.headers, pending.body).await {
         Ok(response) => response,
@@ -318,6 +318,6 @@ async fn compact(State(gateway): State<Arc<Gateway>>, request: Request) -> Respo
             StatusCode::CONFLICT,
             &json!({"error": {"type": "compaction_failed", "message": error.to_string()}}),
         ),
-        Err(error) => GatewayError::from(error).into_response_for(api),
+        Err(error) => error.into_response_for(api),
     }
 }

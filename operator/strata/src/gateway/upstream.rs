@@ -139,7 +139,7 @@ impl Upstream {
             }
         }
         let body = self.read_body(settings, response).await?;
-        Err(GatewayError::UpstreamStatus { status, headers, body })
+        Err(GatewayError::UpstreamStatus { status, headers: Box::new(headers), body })
     }
 
     /// POSTs a JSON body to `path`; a non-2xx answer becomes [`GatewayError::UpstreamStatus`].
