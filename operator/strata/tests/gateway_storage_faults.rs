@@ -188,6 +188,7 @@ async fn storage_faults_make_the_gateway_not_ready_and_it_recovers_once_writes_s
     }
     let status = gateway.get_json("/strata/v1/status").await;
     assert_eq!(status["engineReloads"], 9, "{status}");
+    assert!(status["volumeBytes"].as_u64().unwrap() > 0, "the data volume is measured: {status}");
     let total: u32 = injected.values().sum();
     eprintln!(
         "storage faults injected: {total}; by kind: {injected:?}; engine reloads: {}",

@@ -53,6 +53,8 @@ pub struct Metrics {
     pub upstream_calls: IntCounterVec,
     /// Bytes of blocked requests held for resume.
     pub held_request_bytes: IntGauge,
+    /// Bytes used under the data directory.
+    pub volume_bytes: IntGauge,
     /// State files found corrupt (and started afresh) when the data directory was opened.
     pub corrupt_state_files: IntCounter,
     /// Time the gateway adds to a request (excluding upstream time), seconds.
@@ -182,6 +184,11 @@ impl Metrics {
                 &registry,
                 "strata_gateway_held_request_bytes",
                 "Bytes of blocked requests held for resume (bounded by --max-held-bytes)",
+            )?,
+            volume_bytes: gauge(
+                &registry,
+                "strata_gateway_volume_bytes",
+                "Bytes used under the data directory (journal, artifacts, state), measured every 30 s",
             )?,
             corrupt_state_files: counter(
                 &registry,

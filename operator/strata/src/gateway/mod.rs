@@ -18,6 +18,7 @@ mod sse;
 #[cfg(test)]
 mod stream_props;
 mod upstream;
+mod volume;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -178,6 +179,7 @@ pub async fn start_on(
         inspect: inspect::InspectLog::default(),
         max_body_bytes: args.max_body_bytes,
         responses: response_cache::ResponseCache::default(),
+        volume: Arc::new(volume::VolumeUsage::default()),
     });
     let api = bind(args.listen).await?;
     let metrics_listener = bind(args.metrics_listen).await?;
@@ -186,7 +188,14 @@ pub async fn start_on(
         .local_addr()
         .map_err(|cause| StartError::Bind { address: args.metrics_listen, cause })?;
     let (shutdown, stop) = watch::channel(false);
-    let mut background = vec![tokio::spawn(config::watch(args.config.clone(), live))];
+    let mut background = vec![
+        tokio::spawn(config::watch(args.config.clone(), live)),
+        tokio::spawn(volume::measure(
+            args.data_dir.clone(),
+            Arc::clone(&gateway.volume),
+            gateway.metrics.volume_bytes.clone(),
+        )),
+    ];
     if let Some(target) = reporter::ReportTarget::from_env() {
         tracing::info!(agent = %target.name, namespace = %target.namespace, "reporting status.context to the Agent");
         background.push(tokio::spawn(reporter::run(Arc::clone(&gateway), target)));

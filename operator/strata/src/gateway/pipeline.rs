@@ -67,6 +67,8 @@ pub struct Gateway {
     pub max_body_bytes: usize,
     /// Answers of tool-less transparent requests, when the policy enables the response cache.
     pub responses: ResponseCache,
+    /// Bytes used on the data volume.
+    pub volume: Arc<super::volume::VolumeUsage>,
 }
 
 impl Gateway {

@@ -184,6 +184,7 @@ async fn status(State(gateway): State<Arc<Gateway>>) -> Response {
                 "sessionMode": settings.config.session_mode,
                 "budget": settings.session.budget,
                 "engineReloads": gateway.engine.reloads(),
+                "volumeBytes": gateway.volume.bytes(),
             }),
         ),
         Err(error) => error.into_response_for(provider_api(&gateway)),
