@@ -40,7 +40,7 @@ use super::render::ledger::CallLedger;
 use super::render::tier1::Tier1Json;
 use super::render::{anthropic as render_anthropic, openai as render_openai};
 use super::settings::SessionSettings;
-use super::state::StateDir;
+use super::state::{CorruptState, StateDir};
 use super::tool_schema::{is_memory_tool, memory_tools, to_api_shape};
 use super::transparent::{ChainHash, IndexError, Placement, TransparentIndex, chain};
 use super::turn::{Api, AssistantOutput, ChatRequest, Turn};
@@ -351,6 +351,8 @@ pub struct SessionEngine {
     client_system: String,
     system_split: VolatileSplit,
     tenant: String,
+    /// State files found corrupt at open (started afresh).
+    corrupt_state: Vec<CorruptState>,
 }
 
 /// The files a group commit fsyncs, and the write count it covers.
@@ -394,8 +396,18 @@ impl SessionEngine {
     /// Opens the agent's data directory: the journal at its root (taking the writer lock), artifacts
     /// under `artifacts/`, engine state under `gateway/`.
     pub fn open(data_dir: &Path, settings: &SessionSettings, now_ms: u64) -> Result<Self, EngineError> {
-        let storage: Arc<dyn Storage> = Arc::new(StdStorage);
-        let state = StateDir::on_disk(data_dir.join("gateway"))?;
+        Self::open_on(Arc::new(StdStorage), data_dir, settings, now_ms)
+    }
+
+    /// [`SessionEngine::open`] on the given storage (the gateway's fault tests inject write and
+    /// fsync errors through it).
+    pub fn open_on(
+        storage: Arc<dyn Storage>,
+        data_dir: &Path,
+        settings: &SessionSettings,
+        now_ms: u64,
+    ) -> Result<Self, EngineError> {
+        let state = StateDir::on_disk(Arc::clone(&storage), data_dir.join("gateway"))?;
         let transparent = TransparentIndex::load(&data_dir.join("gateway").join("transparent-prefixes"))?;
         let options = JournalOptions {
             sync_policy: SyncPolicy::Batched { max_pending: 0 },
@@ -432,11 +444,16 @@ impl SessionEngine {
         let (journal, report) = Journal::open(Arc::clone(&storage), data_dir, options)?;
         let torn_record = report.truncated.as_ref().map(|torn| (torn.path.clone(), torn.bytes));
         let store = Arc::new(ArtifactStore::new(Arc::clone(&storage), data_dir.join("artifacts")));
-        let calibration: Option<Calibration> = state.read(CALIBRATION_FILE)?;
+        let mut corrupt = Vec::new();
+        let (calibration, damaged): (Option<Calibration>, _) = state.read(CALIBRATION_FILE)?;
+        corrupt.extend(damaged);
         let counter = TokenCounter::with_calibration(settings.tokenizer, calibration.unwrap_or_default())?;
-        let registry: Option<ToolRegistry> = state.read(REGISTRY_FILE)?;
-        let elided: Option<HashSet<EntryId>> = state.read(ELIDED_FILE)?;
-        let expired: Option<HashSet<EntryId>> = state.read(EXPIRED_FILE)?;
+        let (registry, damaged): (Option<ToolRegistry>, _) = state.read(REGISTRY_FILE)?;
+        corrupt.extend(damaged);
+        let (elided, damaged): (Option<HashSet<EntryId>>, _) = state.read(ELIDED_FILE)?;
+        corrupt.extend(damaged);
+        let (expired, damaged): (Option<HashSet<EntryId>>, _) = state.read(EXPIRED_FILE)?;
+        corrupt.extend(damaged);
         let placeholder =
             StablePrefix::build(&StablePrefixSources::default(), &mut ToolRegistry::new(), &counter)?;
         let calls = journal.entries().iter().filter(|entry| entry.role == Role::Assistant).count() as u64;
@@ -470,6 +487,7 @@ impl SessionEngine {
             client_system: String::new(),
             system_split: VolatileSplit::default(),
             tenant: settings.tenant.clone(),
+            corrupt_state: corrupt,
         };
         engine.prepare_prefix(settings, "", &[])?;
         engine.rebuild_window(settings)?;
@@ -480,6 +498,12 @@ impl SessionEngine {
     /// The torn final journal record that opening truncated (file, bytes), if any.
     pub fn torn_record(&self) -> Option<&(PathBuf, u64)> {
         self.torn_record.as_ref()
+    }
+
+    /// State files found corrupt when the data directory was opened; each started afresh and is
+    /// rebuilt from the journal and the next requests.
+    pub fn corrupt_state(&self) -> &[CorruptState] {
+        &self.corrupt_state
     }
 
     /// Problems that did not fail an operation (e.g. a compaction record that could not be

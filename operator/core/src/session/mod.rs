@@ -25,4 +25,5 @@ pub use engine::{
 };
 pub use inspect::{ContextEvent, EntryDetail};
 pub use settings::SessionSettings;
+pub use state::{CorruptState, StateDir};
 pub use turn::{Api, AssistantOutput, ChatRequest, Turn, Usage};

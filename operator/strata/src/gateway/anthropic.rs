@@ -230,9 +230,15 @@ pub struct StreamTranslator {
     calls: Vec<(u64, ToolCall)>,
     stop_reason: String,
     usage: Option<Usage>,
+    complete: bool,
 }
 
 impl StreamTranslator {
+    /// Whether the current round's stream ended properly (`message_stop` was seen).
+    pub fn round_complete(&self) -> bool {
+        self.complete
+    }
+
     fn is_internal(&self) -> bool {
         self.calls.iter().any(|(_, call)| is_memory_tool(&call.name))
             && !self.calls.iter().any(|(_, call)| !is_memory_tool(&call.name))
@@ -253,6 +259,10 @@ impl StreamTranslator {
             return Err(GatewayError::UpstreamProtocol("stream event is not a JSON object".into()));
         }
         let kind = event.get("type").and_then(Value::as_str).or(name).unwrap_or_default().to_owned();
+        if kind == "error" {
+            let error = event.get("error").unwrap_or(&event);
+            return Err(GatewayError::UpstreamProtocol(format!("the upstream stream failed: {error}")));
+        }
         let forward = match kind.as_str() {
             "message_start" => {
                 if let Some(usage) = event.pointer("/message/usage").and_then(parse_usage) {
@@ -314,7 +324,10 @@ impl StreamTranslator {
                 }
                 !self.is_internal()
             }
-            "message_stop" => false,
+            "message_stop" => {
+                self.complete = true;
+                false
+            }
             _ => true,
         };
         Ok(forward.then(|| sse::encode(Some(&kind), &event.to_string())))
@@ -323,6 +336,7 @@ impl StreamTranslator {
     /// Ends a round: returns what the model said in it and resets the per-round state.
     pub fn finish_round(&mut self) -> AssistantOutput {
         self.client_index.clear();
+        self.complete = false;
         let texts = std::mem::take(&mut self.texts);
         let calls = std::mem::take(&mut self.calls)
             .into_iter()

@@ -1,6 +1,6 @@
 //! Gateway errors and their HTTP answers in the calling API's own error shape.
 
-use axum::http::{HeaderValue, StatusCode, header};
+use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use bytes::Bytes;
 use serde_json::{Value, json};
@@ -51,10 +51,19 @@ pub enum GatewayError {
     UpstreamStatus {
         /// Its status.
         status: StatusCode,
-        /// Its content type.
-        content_type: Option<HeaderValue>,
+        /// Its content type and the headers a client acts on (`retry-after`, rate-limit headers,
+        /// request ids); boxed to keep the error small.
+        headers: Box<HeaderMap>,
         /// Its body.
         body: Bytes,
+    },
+    /// The upstream's answer is larger than the gateway reads.
+    #[error(
+        "upstream answer exceeds the gateway's limit of {limit} bytes (--max-upstream-response-bytes); nothing of it was journaled"
+    )]
+    UpstreamTooLarge {
+        /// The limit in bytes.
+        limit: usize,
     },
     /// The upstream's answer could not be understood.
     #[error("upstream answer could not be understood: {0}")]
@@ -70,6 +79,15 @@ pub enum GatewayError {
     /// The context engine failed.
     #[error(transparent)]
     Engine(#[from] EngineError),
+    /// The context engine was unloaded after a fault (a panic, a storage error) and cannot be
+    /// reloaded from the journal yet.
+    #[error("the gateway is not ready: {cause}; {reason}")]
+    EngineUnavailable {
+        /// Why it was unloaded.
+        cause: String,
+        /// Why it is not back yet, or what happens next.
+        reason: String,
+    },
 }
 
 impl GatewayError {
@@ -82,10 +100,12 @@ impl GatewayError {
             GatewayError::UpstreamTimeout { .. } => StatusCode::GATEWAY_TIMEOUT,
             GatewayError::UpstreamUnreachable { .. }
             | GatewayError::UpstreamProtocol(_)
+            | GatewayError::UpstreamTooLarge { .. }
             | GatewayError::MemoryLoop { .. } => StatusCode::BAD_GATEWAY,
             GatewayError::UpstreamStatus { status, .. } => *status,
             GatewayError::Engine(error) if error.is_client_error() => StatusCode::BAD_REQUEST,
             GatewayError::Engine(_) => StatusCode::INTERNAL_SERVER_ERROR,
+            GatewayError::EngineUnavailable { .. } => StatusCode::SERVICE_UNAVAILABLE,
         }
     }
 
@@ -96,11 +116,14 @@ impl GatewayError {
             GatewayError::NotFound(_) => "not_found_error",
             GatewayError::Blocked(_) => "context_budget_exceeded",
             GatewayError::UpstreamTimeout { .. } => "upstream_timeout",
-            GatewayError::UpstreamUnreachable { .. } | GatewayError::UpstreamProtocol(_) => "upstream_error",
+            GatewayError::UpstreamUnreachable { .. }
+            | GatewayError::UpstreamProtocol(_)
+            | GatewayError::UpstreamTooLarge { .. } => "upstream_error",
             GatewayError::MemoryLoop { .. } => "memory_tool_loop_exceeded",
             GatewayError::UpstreamStatus { .. } => "upstream_error",
             GatewayError::Engine(error) if error.is_client_error() => "invalid_request_error",
             GatewayError::Engine(_) => "gateway_error",
+            GatewayError::EngineUnavailable { .. } => "gateway_unavailable",
         }
     }
 
@@ -126,17 +149,21 @@ impl GatewayError {
 
     /// The HTTP response in `api`'s shape (upstream errors unchanged).
     pub fn into_response_for(self, api: Api) -> Response {
-        if let GatewayError::UpstreamStatus { status, content_type, body } = self {
+        if let GatewayError::UpstreamStatus { status, headers, body } = self {
             let mut response = (status, body).into_response();
-            if let Some(content_type) = content_type {
-                response.headers_mut().insert(header::CONTENT_TYPE, content_type);
-            }
+            response.headers_mut().extend(*headers);
             return response;
         }
-        if matches!(self, GatewayError::Engine(_)) {
+        if matches!(self, GatewayError::Engine(_) | GatewayError::EngineUnavailable { .. }) {
             tracing::error!(error = %self, "request failed");
         }
-        json_response(self.status(), &self.body(api))
+        let mut response = json_response(self.status(), &self.body(api));
+        if matches!(self, GatewayError::PayloadTooLarge { .. }) {
+            // The rest of the body is not read: the connection cannot carry another request, and
+            // saying so keeps clients from reusing it (they would see it closed mid-request).
+            response.headers_mut().insert(header::CONNECTION, HeaderValue::from_static("close"));
+        }
+        response
     }
 }
 

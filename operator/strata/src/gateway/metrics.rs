@@ -55,6 +55,12 @@ pub struct Metrics {
     pub response_cache_hits: IntCounter,
     /// Upstream calls by outcome.
     pub upstream_calls: IntCounterVec,
+    /// Bytes of blocked requests held for resume.
+    pub held_request_bytes: IntGauge,
+    /// Bytes used under the data directory.
+    pub volume_bytes: IntGauge,
+    /// State files found corrupt (and started afresh) when the data directory was opened.
+    pub corrupt_state_files: IntCounter,
     /// Time the gateway adds to a request (excluding upstream time), seconds.
     pub added_overhead: Histogram,
     /// Time spent waiting for the upstream, seconds.
@@ -189,6 +195,21 @@ impl Metrics {
                 "strata_gateway_upstream_calls_total",
                 "Upstream calls by outcome",
                 &["outcome"],
+            )?,
+            held_request_bytes: gauge(
+                &registry,
+                "strata_gateway_held_request_bytes",
+                "Bytes of blocked requests held for resume (bounded by --max-held-bytes)",
+            )?,
+            volume_bytes: gauge(
+                &registry,
+                "strata_gateway_volume_bytes",
+                "Bytes used under the data directory (journal, artifacts, state), measured every 30 s",
+            )?,
+            corrupt_state_files: counter(
+                &registry,
+                "strata_gateway_corrupt_state_files_total",
+                "State files found corrupt at startup; each started afresh and was rebuilt",
             )?,
             added_overhead: histogram(
                 &registry,

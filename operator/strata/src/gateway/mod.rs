@@ -4,7 +4,7 @@
 
 mod anthropic;
 pub mod config;
-mod durability;
+mod engine_host;
 mod errors;
 mod inspect;
 mod metrics;
@@ -16,7 +16,10 @@ mod reporter;
 mod response_cache;
 mod server;
 mod sse;
+#[cfg(test)]
+mod stream_props;
 mod upstream;
+mod volume;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -27,7 +30,9 @@ use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
+pub use pending::DEFAULT_MAX_HELD_BYTES;
 pub use pipeline::SESSION_HEADER;
+pub use upstream::DEFAULT_MAX_RESPONSE_BYTES;
 
 /// Largest request body accepted by default (32 MiB).
 pub const DEFAULT_MAX_BODY_BYTES: usize = 32 * 1024 * 1024;
@@ -51,6 +56,14 @@ pub struct GatewayArgs {
     /// Largest accepted request body in bytes; larger bodies get 413.
     #[arg(long, default_value_t = DEFAULT_MAX_BODY_BYTES)]
     pub max_body_bytes: usize,
+    /// Largest upstream answer read in bytes (a whole JSON answer, or one round of a stream);
+    /// a larger one is cut off and the client gets a 502 in its provider's shape.
+    #[arg(long, default_value_t = upstream::DEFAULT_MAX_RESPONSE_BYTES)]
+    pub max_upstream_response_bytes: usize,
+    /// Bytes of blocked requests held for `resume` (at most 64 requests); past it the oldest is
+    /// forgotten, and its resume says so.
+    #[arg(long, default_value_t = pending::DEFAULT_MAX_HELD_BYTES)]
+    pub max_held_bytes: usize,
 }
 
 /// Why the gateway cannot start.
@@ -126,8 +139,17 @@ fn serve(listener: TcpListener, router: axum::Router, mut stop: watch::Receiver<
 /// Loads the config, opens the data directory (refusing a locked or corrupt one with the journal's
 /// error), binds both listeners and starts serving.
 pub async fn start(args: &GatewayArgs) -> Result<RunningGateway, StartError> {
+    start_on(args, Arc::new(strata_core::journal::StdStorage)).await
+}
+
+/// [`start`] with the data directory on `storage` (tests inject storage faults through it).
+pub async fn start_on(
+    args: &GatewayArgs,
+    storage: Arc<dyn strata_core::journal::Storage>,
+) -> Result<RunningGateway, StartError> {
     let settings = config::Settings::load(&args.config)?;
-    let engine = strata_core::session::SessionEngine::open(
+    let engine = strata_core::session::SessionEngine::open_on(
+        Arc::clone(&storage),
         &args.data_dir,
         &settings.session,
         strata_core::session::now_ms(),
@@ -136,19 +158,29 @@ pub async fn start(args: &GatewayArgs) -> Result<RunningGateway, StartError> {
     if let Some((path, bytes)) = engine.torn_record() {
         tracing::warn!(path = %path.display(), bytes, "journal: truncated a torn final record");
     }
-    let upstream =
-        upstream::Upstream::new(Duration::from_secs(u64::from(settings.config.upstream.timeout_seconds)))?;
+    let held_state =
+        strata_core::session::StateDir::on_disk(Arc::clone(&storage), args.data_dir.join("gateway"))
+            .map_err(|cause| StartError::DataDir { path: args.data_dir.clone(), cause })?;
+    let metrics = metrics::Metrics::new()?;
+    for corrupt in engine.corrupt_state() {
+        tracing::warn!(path = %corrupt.path.display(), reason = %corrupt.reason, "{corrupt}");
+        metrics.corrupt_state_files.inc();
+    }
+    let upstream = upstream::Upstream::new(
+        Duration::from_secs(u64::from(settings.config.upstream.timeout_seconds)),
+        args.max_upstream_response_bytes,
+    )?;
     let live = config::LiveSettings::new(settings);
     let gateway = Arc::new(pipeline::Gateway {
         live: live.clone(),
-        engine: std::sync::Mutex::new(engine),
-        durability: durability::Durability::default(),
+        engine: Arc::new(engine_host::EngineHost::new(engine, storage, &args.data_dir)),
         upstream,
-        metrics: metrics::Metrics::new()?,
-        pending: pending::PendingOperations::default(),
+        metrics,
+        pending: pending::PendingOperations::new(args.max_held_bytes, held_state),
         inspect: inspect::InspectLog::default(),
         max_body_bytes: args.max_body_bytes,
         responses: response_cache::ResponseCache::default(),
+        volume: Arc::new(volume::VolumeUsage::default()),
     });
     let api = bind(args.listen).await?;
     let metrics_listener = bind(args.metrics_listen).await?;
@@ -160,6 +192,11 @@ pub async fn start(args: &GatewayArgs) -> Result<RunningGateway, StartError> {
     let mut background = vec![
         tokio::spawn(config::watch(args.config.clone(), live)),
         tokio::spawn(proposals::watch(Arc::clone(&gateway))),
+        tokio::spawn(volume::measure(
+            args.data_dir.clone(),
+            Arc::clone(&gateway.volume),
+            gateway.metrics.volume_bytes.clone(),
+        )),
     ];
     if let Some(target) = reporter::ReportTarget::from_env() {
         tracing::info!(agent = %target.name, namespace = %target.namespace, "reporting status.context to the Agent");

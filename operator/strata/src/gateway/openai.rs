@@ -1,8 +1,6 @@
 //! OpenAI chat completions: request parsing, response parsing and the client's view of answers,
 //! streamed or not, with the gateway's memory tools hidden.
 
-use std::collections::HashMap;
-
 use bytes::Bytes;
 use serde_json::{Value, json};
 use strata_core::entry::ToolCall;
@@ -10,8 +8,9 @@ use strata_core::session::openai_messages::parse_messages;
 
 use super::errors::GatewayError;
 use super::sse;
-use strata_core::session::tool_schema::is_memory_tool;
+use strata_core::session::tool_schema::{COMPACT_TOOL_NAME, PURGE_TOOL_NAME, is_memory_tool};
 use strata_core::session::turn::{Api, AssistantOutput, ChatRequest, Usage, text_of};
+use strata_core::tool_output::READ_OUTPUT_TOOL_NAME;
 
 const CONSUMED_FIELDS: [&str; 5] = ["messages", "tools", "stream", "stream_options", "model"];
 
@@ -140,7 +139,40 @@ pub fn client_response(final_output: &AssistantOutput, earlier_text: &str, total
     raw
 }
 
+/// The memory tools' names, for deciding whether a partial name may still become one.
+const MEMORY_TOOL_NAMES: [&str; 3] = [PURGE_TOOL_NAME, COMPACT_TOOL_NAME, READ_OUTPUT_TOOL_NAME];
+
+/// Whether a tool name seen so far may still turn out to be a memory tool's (it is a prefix of one).
+fn may_become_memory_tool(name_so_far: &str) -> bool {
+    MEMORY_TOOL_NAMES.iter().any(|name| name.starts_with(name_so_far))
+}
+
+/// Where one streamed tool call's deltas go.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum CallRoute {
+    /// Its name is not known well enough yet: its deltas are accumulated, nothing is forwarded.
+    Held,
+    /// A client tool: forwarded under this client index.
+    Visible(u64),
+    /// A memory tool: never shown.
+    Hidden,
+}
+
+/// One tool call of the current round, as streamed so far.
+#[derive(Debug)]
+struct StreamedCall {
+    upstream_index: u64,
+    route: CallRoute,
+    call: ToolCall,
+}
+
 /// Translates upstream chunks of every round into one client stream.
+///
+/// A tool call's deltas are held until its name is known: while the name seen so far is empty or
+/// a prefix of a memory tool's name, nothing of the call is forwarded. The call is decided once its
+/// name cannot become a memory tool's any more, or once its arguments start or the round finishes
+/// with the name complete; a client tool is then sent as one delta carrying everything held so far,
+/// a memory tool is dropped.
 #[derive(Debug)]
 pub struct StreamTranslator {
     wants_usage: bool,
@@ -149,11 +181,11 @@ pub struct StreamTranslator {
     created: Value,
     role_sent: bool,
     next_client_index: u64,
-    client_index: HashMap<u64, Option<u64>>,
-    calls: Vec<(u64, ToolCall)>,
+    calls: Vec<StreamedCall>,
     text: String,
     finish: String,
     usage: Option<Usage>,
+    complete: bool,
 }
 
 impl StreamTranslator {
@@ -166,29 +198,112 @@ impl StreamTranslator {
             created: Value::Null,
             role_sent: false,
             next_client_index: 0,
-            client_index: HashMap::new(),
             calls: Vec::new(),
             text: String::new(),
             finish: String::new(),
             usage: None,
+            complete: false,
         }
     }
 
     fn has_visible_calls(&self) -> bool {
-        self.calls.iter().any(|(_, call)| !is_memory_tool(&call.name))
+        self.calls.iter().any(|streamed| !is_memory_tool(&streamed.call.name))
     }
 
     fn has_memory_calls(&self) -> bool {
-        self.calls.iter().any(|(_, call)| is_memory_tool(&call.name))
+        self.calls.iter().any(|streamed| is_memory_tool(&streamed.call.name))
+    }
+
+    /// Whether the current round's stream ended properly (a finish reason or `[DONE]` was seen).
+    pub fn round_complete(&self) -> bool {
+        self.complete
+    }
+
+    /// Decides a held call's route; `final_name` says its name can no longer grow.
+    fn decide(&mut self, position: usize, final_name: bool) -> Option<Value> {
+        let streamed = &mut self.calls[position];
+        if streamed.route != CallRoute::Held {
+            return None;
+        }
+        let name = streamed.call.name.as_str();
+        if name.is_empty() && !final_name {
+            return None;
+        }
+        if may_become_memory_tool(name) && !final_name {
+            return None;
+        }
+        if is_memory_tool(name) {
+            streamed.route = CallRoute::Hidden;
+            return None;
+        }
+        let client_index = self.next_client_index;
+        self.next_client_index += 1;
+        streamed.route = CallRoute::Visible(client_index);
+        let call = &streamed.call;
+        Some(json!({
+            "index": client_index,
+            "id": call.call_id,
+            "type": "function",
+            "function": {"name": call.name, "arguments": call.arguments_json}
+        }))
+    }
+
+    /// Accumulates one upstream tool-call delta; returns what the client sees of it, if anything.
+    fn on_call_delta(&mut self, mut delta: Value) -> Option<Value> {
+        let index = delta.get("index").and_then(Value::as_u64).unwrap_or(0);
+        let name = delta.pointer("/function/name").and_then(Value::as_str).unwrap_or_default();
+        let arguments = delta.pointer("/function/arguments").and_then(Value::as_str).unwrap_or_default();
+        let position = match self.calls.iter().position(|streamed| streamed.upstream_index == index) {
+            Some(position) => position,
+            None => {
+                self.calls.push(StreamedCall {
+                    upstream_index: index,
+                    route: CallRoute::Held,
+                    call: ToolCall {
+                        call_id: String::new(),
+                        name: String::new(),
+                        arguments_json: String::new(),
+                    },
+                });
+                self.calls.len() - 1
+            }
+        };
+        let streamed = &mut self.calls[position];
+        if let Some(id) = delta.get("id").and_then(Value::as_str) {
+            streamed.call.call_id.push_str(id);
+        }
+        streamed.call.name.push_str(name);
+        streamed.call.arguments_json.push_str(arguments);
+        match streamed.route {
+            CallRoute::Hidden => None,
+            CallRoute::Visible(client_index) => {
+                delta["index"] = client_index.into();
+                Some(delta)
+            }
+            // Arguments only start once the name is complete.
+            CallRoute::Held => self.decide(position, !arguments.is_empty()),
+        }
+    }
+
+    /// Decides every held call (the round is finishing); returns the client deltas of those shown.
+    fn release_held(&mut self) -> Vec<Value> {
+        (0..self.calls.len()).filter_map(|position| self.decide(position, true)).collect()
     }
 
     /// Handles one upstream event; returns the bytes to forward to the client.
     pub fn on_event(&mut self, data: &str) -> Result<Option<Bytes>, GatewayError> {
         if data.trim() == "[DONE]" {
+            self.complete = true;
             return Ok(None);
         }
         let mut chunk: Value = serde_json::from_str(data)
             .map_err(|error| GatewayError::UpstreamProtocol(format!("stream chunk is not JSON: {error}")))?;
+        if !chunk.is_object() {
+            return Err(GatewayError::UpstreamProtocol("stream chunk is not a JSON object".into()));
+        }
+        if let Some(error) = chunk.get("error") {
+            return Err(GatewayError::UpstreamProtocol(format!("the upstream stream failed: {error}")));
+        }
         if let Some(usage) = chunk.get("usage").and_then(parse_usage) {
             self.usage = Some(usage);
         }
@@ -207,11 +322,11 @@ impl StreamTranslator {
                 }
             }
         }
-        let Some(choice) = chunk.pointer_mut("/choices/0").and_then(Value::as_object_mut) else {
-            return Ok(None);
-        };
+        let finish_reason =
+            chunk.pointer("/choices/0/finish_reason").and_then(Value::as_str).map(str::to_owned);
+        let mut visible = Vec::new();
         let mut forward = false;
-        if let Some(delta) = choice.get_mut("delta").and_then(Value::as_object_mut) {
+        if let Some(delta) = chunk.pointer_mut("/choices/0/delta").and_then(Value::as_object_mut) {
             if delta.contains_key("role") {
                 if self.role_sent {
                     delta.remove("role");
@@ -224,56 +339,29 @@ impl StreamTranslator {
                 self.text.push_str(text);
                 forward |= !text.is_empty();
             }
-            if let Some(Value::Array(calls)) = delta.get_mut("tool_calls") {
-                let mut visible = Vec::new();
-                for mut call in calls.drain(..) {
-                    let index = call.get("index").and_then(Value::as_u64).unwrap_or(0);
-                    let name = call.pointer("/function/name").and_then(Value::as_str).unwrap_or_default();
-                    let client_index = *self.client_index.entry(index).or_insert_with(|| {
-                        if is_memory_tool(name) {
-                            None
-                        } else {
-                            self.next_client_index += 1;
-                            Some(self.next_client_index - 1)
-                        }
-                    });
-                    let position = match self.calls.iter().position(|(i, _)| *i == index) {
-                        Some(position) => position,
-                        None => {
-                            self.calls.push((
-                                index,
-                                ToolCall {
-                                    call_id: String::new(),
-                                    name: String::new(),
-                                    arguments_json: String::new(),
-                                },
-                            ));
-                            self.calls.len() - 1
-                        }
-                    };
-                    let record = &mut self.calls[position].1;
-                    if let Some(id) = call.get("id").and_then(Value::as_str) {
-                        record.call_id.push_str(id);
-                    }
-                    record.name.push_str(name);
-                    if let Some(arguments) = call.pointer("/function/arguments").and_then(Value::as_str) {
-                        record.arguments_json.push_str(arguments);
-                    }
-                    if let Some(client_index) = client_index {
-                        call["index"] = client_index.into();
-                        visible.push(call);
-                    }
-                }
-                forward |= !visible.is_empty();
-                if visible.is_empty() {
-                    delta.remove("tool_calls");
-                } else {
-                    *calls = visible;
+            if let Some(Value::Array(calls)) = delta.remove("tool_calls") {
+                for call in calls {
+                    visible.extend(self.on_call_delta(call));
                 }
             }
         }
-        if let Some(reason) = choice.get("finish_reason").and_then(Value::as_str).map(str::to_owned) {
+        if finish_reason.is_some() {
+            visible.extend(self.release_held());
+        }
+        let Some(choice) = chunk.pointer_mut("/choices/0").and_then(Value::as_object_mut) else {
+            return Ok(None);
+        };
+        if !visible.is_empty() {
+            forward = true;
+            if let Some(delta) = choice.get_mut("delta").and_then(Value::as_object_mut) {
+                delta.insert("tool_calls".into(), Value::Array(visible));
+            } else {
+                choice.insert("delta".into(), json!({ "tool_calls": visible }));
+            }
+        }
+        if let Some(reason) = finish_reason {
             self.finish = reason;
+            self.complete = true;
             if self.is_internal_round() {
                 choice.insert("finish_reason".into(), Value::Null);
             } else {
@@ -290,11 +378,11 @@ impl StreamTranslator {
 
     /// Ends a round: returns what the model said in it and resets the per-round state.
     pub fn finish_round(&mut self) -> AssistantOutput {
-        self.client_index.clear();
+        self.complete = false;
         AssistantOutput {
             id: self.id.clone().unwrap_or_default(),
             text: std::mem::take(&mut self.text),
-            tool_calls: std::mem::take(&mut self.calls).into_iter().map(|(_, call)| call).collect(),
+            tool_calls: std::mem::take(&mut self.calls).into_iter().map(|streamed| streamed.call).collect(),
             stop_reason: std::mem::take(&mut self.finish),
             usage: self.usage.take(),
             raw: None,

@@ -1,14 +1,18 @@
 //! One chat request end to end: parse, journal the new turns, admit, compile, call the upstream,
 //! run memory tools in a bounded loop, journal the answer and reply in the client's shape.
 //!
-//! Streaming hides memory tools by name: tool-call deltas are held until the tool's name is known
-//! (OpenAI sends it in a call's first delta, Anthropic in `content_block_start`); a memory tool's
-//! deltas are dropped, every other delta is forwarded at once with its index renumbered. A round
-//! that called only memory tools has its finish event held back; the gateway runs the tools and
-//! streams the next round into the same client stream, so the client sees one answer.
+//! Streaming hides memory tools by name: a tool call's deltas are held until its name is known
+//! (OpenAI sends it in a call's first delta as a rule, but a first delta without a name, a name split
+//! across deltas and parallel calls interleaved by index are all handled; Anthropic names the tool
+//! in `content_block_start`). A memory tool's deltas are dropped; a client tool's held deltas are
+//! sent as one delta once its name is decided, later ones are forwarded at once, with indices
+//! renumbered. A round that called only memory tools has its finish event held back; the gateway
+//! runs the tools and streams the next round into the same client stream, so the client sees one
+//! answer. A round whose stream fails or ends early (no finish) ends the client's stream with an
+//! error event in its provider's shape and journals nothing of that round.
 
 use std::convert::Infallible;
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use axum::body::Body;
@@ -28,7 +32,7 @@ use strata_core::session::{
 use tokio::sync::mpsc;
 
 use super::config::{LiveSettings, Settings};
-use super::durability::Durability;
+use super::engine_host::EngineHost;
 use super::errors::GatewayError;
 use super::inspect::{InspectLog, RequestRecord, RoundRecord, cache_outcome};
 use super::metrics::Metrics;
@@ -49,10 +53,8 @@ pub const SESSION_HEADER: &str = "x-strata-session";
 pub struct Gateway {
     /// The settings in force.
     pub live: LiveSettings,
-    /// The agent's context.
-    pub engine: Mutex<SessionEngine>,
-    /// Group commit of the engine's writes.
-    pub durability: Durability,
+    /// The agent's context, off the async runtime.
+    pub engine: Arc<EngineHost>,
     /// The upstream client.
     pub upstream: Upstream,
     /// Metrics.
@@ -65,31 +67,17 @@ pub struct Gateway {
     pub max_body_bytes: usize,
     /// Answers of tool-less transparent requests, when the policy enables the response cache.
     pub responses: ResponseCache,
+    /// Bytes used on the data volume.
+    pub volume: Arc<super::volume::VolumeUsage>,
 }
 
 impl Gateway {
-    fn lock_engine(&self) -> MutexGuard<'_, SessionEngine> {
-        match self.engine.lock() {
-            Ok(guard) => guard,
-            Err(poisoned) => poisoned.into_inner(),
-        }
-    }
-
-    /// Runs `work` on the engine and returns once its writes are durable.
-    pub async fn with_engine<T>(
+    /// Runs `work` on the engine (on the blocking pool) and returns once its writes are durable.
+    pub async fn with_engine<T: Send + 'static>(
         &self,
-        work: impl FnOnce(&mut SessionEngine) -> Result<T, EngineError>,
-    ) -> Result<T, EngineError> {
-        let (value, seq) = {
-            let mut engine = self.lock_engine();
-            let value = work(&mut engine);
-            for warning in engine.take_warnings() {
-                tracing::warn!(%warning, "session engine");
-            }
-            (value?, engine.appended_seq())
-        };
-        self.durability.wait(&self.engine, seq).await?;
-        Ok(value)
+        work: impl FnOnce(&mut SessionEngine) -> Result<T, EngineError> + Send + 'static,
+    ) -> Result<T, GatewayError> {
+        self.engine.run(self.live.get(), work).await
     }
 }
 
@@ -221,7 +209,15 @@ async fn prepare(
         TurnOutcome::Admitted(admitted) => admitted,
         TurnOutcome::Blocked(notice) => {
             gateway.metrics.blocked_operations.inc();
-            gateway.pending.insert(operation_id.as_str(), api, headers.clone(), body.clone());
+            if let Some(forgotten) =
+                gateway.pending.insert(operation_id.as_str(), api, headers.clone(), body.clone())
+            {
+                tracing::warn!(operation = %operation_id, %forgotten, "blocked request not held");
+            }
+            gateway
+                .metrics
+                .held_request_bytes
+                .set(i64::try_from(gateway.pending.usage().1).unwrap_or(i64::MAX));
             record.outcome = "blocked".into();
             record.overhead_micros = elapsed_micros(started.elapsed());
             gateway.inspect.push(record);
@@ -246,6 +242,7 @@ async fn prepare(
     }
     record.new_entries = new_entries;
     gateway.pending.remove(operation_id.as_str());
+    gateway.metrics.held_request_bytes.set(i64::try_from(gateway.pending.usage().1).unwrap_or(i64::MAX));
     gateway.metrics.spilled_bytes.inc_by(spilled_bytes);
     gateway.metrics.deduplicated_tokens.inc_by(deduplicated);
     Ok(Prepared {
@@ -386,7 +383,7 @@ async fn complete(
         let response = gateway.upstream.post(&prepared.settings, path_of(api), body, headers, false).await;
         let response =
             response.inspect_err(|_| gateway.metrics.upstream_calls.with_label_values(&["error"]).inc())?;
-        let bytes = Upstream::read_body(&prepared.settings, response).await?;
+        let bytes = gateway.upstream.read_body(&prepared.settings, response).await?;
         let upstream_time = upstream_started.elapsed();
         let output = parse_answer(api, &bytes)?;
         let internal = record_round(gateway, &mut prepared, call, &output, upstream_time, &mut total).await?;
@@ -425,6 +422,13 @@ impl Translator {
         match self {
             Translator::OpenAi(translator) => translator.on_event(&event.data),
             Translator::Anthropic(translator) => translator.on_event(event.event.as_deref(), &event.data),
+        }
+    }
+
+    fn round_complete(&self) -> bool {
+        match self {
+            Translator::OpenAi(translator) => translator.round_complete(),
+            Translator::Anthropic(translator) => translator.round_complete(),
         }
     }
 
@@ -487,6 +491,8 @@ async fn stream_rounds(
         let mut parser = SseParser::default();
         let mut chunks = response.bytes_stream();
         let mut failure = None;
+        let mut read_bytes = 0usize;
+        let limit = gateway.upstream.max_response_bytes();
         'read: while let Some(chunk) = chunks.next().await {
             let chunk = match chunk {
                 Ok(chunk) => chunk,
@@ -498,6 +504,11 @@ async fn stream_rounds(
                     break 'read;
                 }
             };
+            read_bytes += chunk.len();
+            if read_bytes > limit {
+                failure = Some(GatewayError::UpstreamTooLarge { limit });
+                break 'read;
+            }
             for event in parser.push(&chunk) {
                 match translator.on_event(&event) {
                     Ok(Some(bytes)) => client.send(bytes).await,
@@ -517,6 +528,12 @@ async fn stream_rounds(
                 Ok(None) => {}
                 Err(error) => failure = Some(error),
             }
+        }
+        if failure.is_none() && !translator.round_complete() {
+            failure = Some(GatewayError::UpstreamProtocol(
+                "the stream ended before the answer was complete; nothing of it was journaled, send the request again"
+                    .into(),
+            ));
         }
         if let Some(error) = failure {
             client.send(stream_error_event(api, &error)).await;

@@ -13,6 +13,7 @@ pub const PROPOSAL_POLL: Duration = Duration::from_secs(1);
 pub async fn watch(gateway: Arc<Gateway>) {
     let mut ticks = tokio::time::interval(PROPOSAL_POLL);
     ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut last_error = String::new();
     loop {
         ticks.tick().await;
         let settings = gateway.live.get();
@@ -24,9 +25,20 @@ pub async fn watch(gateway: Arc<Gateway>) {
             })
             .await;
         match applied {
-            Ok(true) => tracing::info!("applied a compaction proposal from another process"),
-            Ok(false) => {}
-            Err(error) => tracing::warn!(%error, "checking for compaction proposals"),
+            Ok(applied) => {
+                if applied {
+                    tracing::info!("applied a compaction proposal from another process");
+                }
+                last_error.clear();
+            }
+            // Said once per distinct error: while the engine is unloaded this repeats every tick.
+            Err(error) => {
+                let error = error.to_string();
+                if error != last_error {
+                    tracing::warn!(%error, "checking for compaction proposals");
+                    last_error = error;
+                }
+            }
         }
     }
 }

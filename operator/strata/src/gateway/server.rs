@@ -74,7 +74,7 @@ async fn entry(State(gateway): State<Arc<Gateway>>, Path(id): Path<String>) -> R
             "no entry {id} in the live generation; GET /strata/v1/entries lists the entries"
         ))
         .into_response_for(provider_api(&gateway)),
-        Err(error) => GatewayError::from(error).into_response_for(provider_api(&gateway)),
+        Err(error) => error.into_response_for(provider_api(&gateway)),
     }
 }
 
@@ -140,13 +140,19 @@ async fn healthz() -> &'static str {
     "ok"
 }
 
+/// Ready when the engine is loaded and its journal writer healthy. After a fault (a panic, a
+/// storage error) the engine is reloaded from the journal here or by the next request, as soon as
+/// a probe write succeeds; until then the answer says why it is not ready.
 async fn readyz(State(gateway): State<Arc<Gateway>>) -> Response {
     let poisoned = gateway.with_engine(|engine| Ok(engine.journal().is_poisoned())).await;
     match poisoned {
-        Ok(false) if !gateway.durability.is_failed() => "ready".into_response(),
-        Ok(_) | Err(_) => {
-            (StatusCode::SERVICE_UNAVAILABLE, "journal writer failed; restart the gateway").into_response()
-        }
+        Ok(false) => "ready".into_response(),
+        Ok(true) => (
+            StatusCode::SERVICE_UNAVAILABLE,
+            "journal writer failed; the engine is reloaded on the next request",
+        )
+            .into_response(),
+        Err(error) => (StatusCode::SERVICE_UNAVAILABLE, error.to_string()).into_response(),
     }
 }
 
@@ -177,9 +183,11 @@ async fn status(State(gateway): State<Arc<Gateway>>) -> Response {
                 "cacheKeyShort": settings.config.cache_key_short,
                 "sessionMode": settings.config.session_mode,
                 "budget": settings.session.budget,
+                "engineReloads": gateway.engine.reloads(),
+                "volumeBytes": gateway.volume.bytes(),
             }),
         ),
-        Err(error) => GatewayError::from(error).into_response_for(provider_api(&gateway)),
+        Err(error) => error.into_response_for(provider_api(&gateway)),
     }
 }
 
@@ -191,7 +199,7 @@ async fn entries(State(gateway): State<Arc<Gateway>>) -> Response {
         .await;
     match listing {
         Ok(body) => json_response(StatusCode::OK, &body),
-        Err(error) => GatewayError::from(error).into_response_for(provider_api(&gateway)),
+        Err(error) => error.into_response_for(provider_api(&gateway)),
     }
 }
 
@@ -212,21 +220,28 @@ async fn inspect(State(gateway): State<Arc<Gateway>>, request: Request) -> Respo
             StatusCode::OK,
             &json!({"requests": requests, "decisions": decisions, "lowerBudgets": lower_budgets}),
         ),
-        Err(error) => GatewayError::from(error).into_response_for(provider_api(&gateway)),
+        Err(error) => error.into_response_for(provider_api(&gateway)),
     }
 }
 
 async fn resume(State(gateway): State<Arc<Gateway>>, Path(id): Path<String>) -> Response {
     let api = provider_api(&gateway);
-    let Some(pending) = gateway.pending.get(&id) else {
-        return GatewayError::NotFound(format!(
-            "no blocked operation {id}: it already ran, or the gateway restarted since it was blocked (send the request again)"
-        ))
-        .into_response_for(api);
+    let pending = match gateway.pending.get(&id) {
+        Ok(pending) => pending,
+        Err(Some(forgotten)) => {
+            return GatewayError::NotFound(format!("blocked operation {id} is no longer held: {forgotten}"))
+                .into_response_for(api);
+        }
+        Err(None) => {
+            return GatewayError::NotFound(format!(
+                "no blocked operation {id}: it already ran, or the gateway restarted since it was blocked (send the request again)"
+            ))
+            .into_response_for(api);
+        }
     };
     let settings = gateway.live.get();
     if let Err(error) = gateway.with_engine(move |engine| engine.refresh(&settings.session, true)).await {
-        return GatewayError::from(error).into_response_for(pending.api);
+        return error.into_response_for(pending.api);
     }
     match chat(Arc::clone(&gateway), pending.api, pending.headers, pending.body).await {
         Ok(response) => response,
@@ -304,6 +319,6 @@ async fn compact(State(gateway): State<Arc<Gateway>>, request: Request) -> Respo
             StatusCode::CONFLICT,
             &json!({"error": {"type": "compaction_failed", "message": error.to_string()}}),
         ),
-        Err(error) => GatewayError::from(error).into_response_for(api),
+        Err(error) => error.into_response_for(api),
     }
 }

@@ -3,7 +3,7 @@
 use std::time::Duration;
 
 use axum::http::{HeaderMap, HeaderValue, header};
-use bytes::Bytes;
+use bytes::{Bytes, BytesMut};
 use strata_api::agent::Provider;
 
 use super::config::Settings;
@@ -16,6 +16,16 @@ pub const DEFAULT_ANTHROPIC_VERSION: &str = "2023-06-01";
 /// Client headers forwarded to the upstream.
 const FORWARDED_HEADERS: [&str; 3] = ["anthropic-version", "anthropic-beta", "openai-organization"];
 
+/// Upstream error headers passed to the client with the error (besides `content-type`): what a
+/// client needs to back off and to quote the provider's request id.
+const PASSED_ERROR_HEADERS: [&str; 4] = ["retry-after", "retry-after-ms", "x-request-id", "request-id"];
+
+/// Prefixes of provider rate-limit headers passed to the client with an error.
+const PASSED_ERROR_HEADER_PREFIXES: [&str; 2] = ["x-ratelimit-", "anthropic-ratelimit-"];
+
+/// Largest upstream answer read by default (32 MiB); a larger one is refused.
+pub const DEFAULT_MAX_RESPONSE_BYTES: usize = 32 * 1024 * 1024;
+
 /// A failure building the HTTP client.
 #[derive(Debug, thiserror::Error)]
 #[error("building the upstream HTTP client: {reason}")]
@@ -27,6 +37,7 @@ pub struct ClientError {
 #[derive(Debug, Clone)]
 pub struct Upstream {
     client: reqwest::Client,
+    max_response_bytes: usize,
 }
 
 fn base(settings: &Settings) -> String {
@@ -48,8 +59,9 @@ pub fn url(settings: &Settings, path: &str) -> String {
 }
 
 impl Upstream {
-    /// A client with the given per-read timeout (streams may run longer in total).
-    pub fn new(read_timeout: Duration) -> Result<Self, ClientError> {
+    /// A client with the given per-read timeout (streams may run longer in total) that reads
+    /// answers of at most `max_response_bytes`.
+    pub fn new(read_timeout: Duration, max_response_bytes: usize) -> Result<Self, ClientError> {
         let _ = rustls::crypto::ring::default_provider().install_default();
         let client = reqwest::Client::builder()
             .connect_timeout(Duration::from_secs(10))
@@ -57,7 +69,7 @@ impl Upstream {
             .pool_max_idle_per_host(1024)
             .build()
             .map_err(|error| ClientError { reason: error.to_string() })?;
-        Ok(Self { client })
+        Ok(Self { client, max_response_bytes })
     }
 
     fn request(
@@ -102,18 +114,32 @@ impl Upstream {
         }
     }
 
+    /// The largest answer read, in bytes.
+    pub fn max_response_bytes(&self) -> usize {
+        self.max_response_bytes
+    }
+
     async fn check(
+        &self,
         settings: &Settings,
-        url: &str,
         response: reqwest::Response,
     ) -> Result<reqwest::Response, GatewayError> {
         if response.status().is_success() {
             return Ok(response);
         }
         let status = response.status();
-        let content_type = response.headers().get(header::CONTENT_TYPE).cloned();
-        let body = response.bytes().await.map_err(|error| Self::map_error(settings, url, error))?;
-        Err(GatewayError::UpstreamStatus { status, content_type, body })
+        let mut headers = HeaderMap::new();
+        for (name, value) in response.headers() {
+            let name_text = name.as_str();
+            if name == header::CONTENT_TYPE
+                || PASSED_ERROR_HEADERS.contains(&name_text)
+                || PASSED_ERROR_HEADER_PREFIXES.iter().any(|prefix| name_text.starts_with(prefix))
+            {
+                headers.append(name.clone(), value.clone());
+            }
+        }
+        let body = self.read_body(settings, response).await?;
+        Err(GatewayError::UpstreamStatus { status, headers: Box::new(headers), body })
     }
 
     /// POSTs a JSON body to `path`; a non-2xx answer becomes [`GatewayError::UpstreamStatus`].
@@ -138,13 +164,31 @@ impl Upstream {
                 request.timeout(Duration::from_secs(u64::from(settings.config.upstream.timeout_seconds)));
         }
         let response = request.send().await.map_err(|error| Self::map_error(settings, &url, error))?;
-        Self::check(settings, &url, response).await
+        self.check(settings, response).await
     }
 
-    /// Reads a whole answer body.
-    pub async fn read_body(settings: &Settings, response: reqwest::Response) -> Result<Bytes, GatewayError> {
+    /// Reads a whole answer body, refusing one over the limit as soon as it is exceeded (a
+    /// declared length over it is refused before reading).
+    pub async fn read_body(
+        &self,
+        settings: &Settings,
+        mut response: reqwest::Response,
+    ) -> Result<Bytes, GatewayError> {
+        let limit = self.max_response_bytes;
+        if response.content_length().is_some_and(|length| length > limit as u64) {
+            return Err(GatewayError::UpstreamTooLarge { limit });
+        }
         let url = response.url().to_string();
-        response.bytes().await.map_err(|error| Self::map_error(settings, &url, error))
+        let mut body = BytesMut::new();
+        while let Some(chunk) =
+            response.chunk().await.map_err(|error| Self::map_error(settings, &url, error))?
+        {
+            if body.len() + chunk.len() > limit {
+                return Err(GatewayError::UpstreamTooLarge { limit });
+            }
+            body.extend_from_slice(&chunk);
+        }
+        Ok(body.freeze())
     }
 
     /// GETs `path` and returns status, content type and body unchanged.
@@ -163,7 +207,7 @@ impl Upstream {
             .map_err(|error| Self::map_error(settings, &url, error))?;
         let status = response.status();
         let content_type = response.headers().get(header::CONTENT_TYPE).cloned();
-        let body = response.bytes().await.map_err(|error| Self::map_error(settings, &url, error))?;
+        let body = self.read_body(settings, response).await?;
         Ok((status, content_type, body))
     }
 }

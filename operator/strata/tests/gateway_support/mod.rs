@@ -42,6 +42,55 @@ pub enum Reply {
     Error(u16, String),
     /// Sleep, then answer.
     Delayed(Duration, Box<Reply>),
+    /// Exactly this HTTP answer, whatever the request asked for (faults: malformed or cut streams,
+    /// non-JSON bodies, headers such as `retry-after`).
+    Raw(RawReply),
+}
+
+/// A scripted HTTP answer.
+#[derive(Clone, Debug)]
+pub struct RawReply {
+    /// Its status.
+    pub status: u16,
+    /// Its headers.
+    pub headers: Vec<(String, String)>,
+    /// Its body.
+    pub body: String,
+    /// Whether the connection fails after the body was sent (instead of ending the body cleanly):
+    /// the client sees the body reset mid-way.
+    pub reset_after_body: bool,
+}
+
+impl RawReply {
+    /// A 200 of `content_type` with `body`, ended cleanly.
+    pub fn ok(content_type: &str, body: impl Into<String>) -> Reply {
+        Reply::Raw(RawReply {
+            status: 200,
+            headers: vec![("content-type".into(), content_type.into())],
+            body: body.into(),
+            reset_after_body: false,
+        })
+    }
+
+    fn into_response(self) -> Response {
+        let RawReply { status, headers, body, reset_after_body } = self;
+        let mut response = if reset_after_body {
+            let chunks: Vec<Result<bytes::Bytes, std::io::Error>> = vec![
+                Ok(bytes::Bytes::from(body)),
+                Err(std::io::Error::new(std::io::ErrorKind::ConnectionReset, "fake upstream reset")),
+            ];
+            Response::new(Body::from_stream(futures::stream::iter(chunks)))
+        } else {
+            Response::new(Body::from(body))
+        };
+        *response.status_mut() = StatusCode::from_u16(status).unwrap();
+        for (name, value) in headers {
+            response
+                .headers_mut()
+                .insert(header::HeaderName::from_bytes(name.as_bytes()).unwrap(), value.parse().unwrap());
+        }
+        response
+    }
 }
 
 /// A tool call for [`Reply::Calls`].
@@ -166,6 +215,9 @@ fn error_response(status: u16, body: String) -> Response {
 
 async fn openai(State(state): State<Arc<FakeState>>, headers: HeaderMap, body: String) -> Response {
     let reply = resolve(next_reply(&state, "/v1/chat/completions", &headers, &body)).await;
+    if let Reply::Raw(raw) = reply {
+        return raw.into_response();
+    }
     let body: Value = serde_json::from_str(&body).unwrap();
     let prompt = prompt_tokens(&body);
     let usage = json!({"prompt_tokens": prompt, "completion_tokens": 5, "total_tokens": prompt + 5,
@@ -174,7 +226,7 @@ async fn openai(State(state): State<Arc<FakeState>>, headers: HeaderMap, body: S
         Reply::Text(text) => (text, vec![]),
         Reply::Calls(text, calls) => (text, calls),
         Reply::Error(status, body) => return error_response(status, body),
-        Reply::Delayed(..) => unreachable!(),
+        Reply::Delayed(..) | Reply::Raw(_) => unreachable!(),
     };
     let finish = if calls.is_empty() { "stop" } else { "tool_calls" };
     if body["stream"] != json!(true) {
@@ -231,6 +283,9 @@ async fn openai(State(state): State<Arc<FakeState>>, headers: HeaderMap, body: S
 
 async fn anthropic(State(state): State<Arc<FakeState>>, headers: HeaderMap, body: String) -> Response {
     let reply = resolve(next_reply(&state, "/v1/messages", &headers, &body)).await;
+    if let Reply::Raw(raw) = reply {
+        return raw.into_response();
+    }
     let body: Value = serde_json::from_str(&body).unwrap();
     let prompt = prompt_tokens(&body);
     let usage = json!({"input_tokens": prompt - CACHED_TOKENS - 3, "cache_read_input_tokens": CACHED_TOKENS,
@@ -239,7 +294,7 @@ async fn anthropic(State(state): State<Arc<FakeState>>, headers: HeaderMap, body
         Reply::Text(text) => (text, vec![]),
         Reply::Calls(text, calls) => (text, calls),
         Reply::Error(status, body) => return error_response(status, body),
-        Reply::Delayed(..) => unreachable!(),
+        Reply::Delayed(..) | Reply::Raw(_) => unreachable!(),
     };
     let stop = if calls.is_empty() { "end_turn" } else { "tool_use" };
     let mut content: Vec<Value> = Vec::new();
@@ -352,6 +407,8 @@ pub fn args(config_path: &Path, data_dir: &Path) -> GatewayArgs {
         listen: "127.0.0.1:0".parse().unwrap(),
         metrics_listen: "127.0.0.1:0".parse().unwrap(),
         max_body_bytes: 1024 * 1024,
+        max_upstream_response_bytes: strata::gateway::DEFAULT_MAX_RESPONSE_BYTES,
+        max_held_bytes: strata::gateway::DEFAULT_MAX_HELD_BYTES,
     }
 }
 
@@ -362,13 +419,25 @@ impl Harness {
         provider: Provider,
         adjust: impl FnOnce(&mut GatewayConfig),
     ) -> Self {
+        Self::start_with(fake, provider, adjust, |_| {}).await
+    }
+
+    /// Starts a gateway with `config` (edited by `adjust`) and arguments edited by `adjust_args`.
+    pub async fn start_with(
+        fake: &FakeUpstream,
+        provider: Provider,
+        adjust: impl FnOnce(&mut GatewayConfig),
+        adjust_args: impl FnOnce(&mut GatewayArgs),
+    ) -> Self {
         let dir = tempfile::tempdir().unwrap();
         let mut config = config(fake, provider, dir.path());
         adjust(&mut config);
         let config_path = dir.path().join("gateway.json");
         write_config(&config_path, &config);
         let data_dir = dir.path().join("data");
-        let gateway = strata::gateway::start(&args(&config_path, &data_dir)).await.unwrap();
+        let mut gateway_args = args(&config_path, &data_dir);
+        adjust_args(&mut gateway_args);
+        let gateway = strata::gateway::start(&gateway_args).await.unwrap();
         Self { dir, config_path, data_dir, gateway, client: reqwest::Client::new() }
     }
 

@@ -1,0 +1,305 @@
+//! The session engine off the async runtime: engine work and fsyncs run on tokio's blocking pool,
+//! appends are made durable by group commit, and an engine that panicked or whose storage failed
+//! is dropped and reloaded from the journal once a probe write succeeds, never taken over.
+//!
+//! Group commit: journal appends are written under the engine lock but fsynced outside it, one
+//! fsync covering every append made before it started, so concurrent turns share an fsync and no
+//! request holds the engine while the disk flushes.
+
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use strata_core::journal::{JournalError, Storage};
+use strata_core::session::{EngineError, SessionEngine, now_ms};
+
+use super::config::Settings;
+use super::errors::GatewayError;
+
+/// The file written and fsynced to check that storage works again before a reload.
+const PROBE_FILE: &str = "gateway/.write-probe";
+
+/// What a client is told after a storage fault.
+const RELOAD_REASON: &str =
+    "the engine is reloaded from the journal once writes succeed again; send the request again";
+
+/// Why the engine is not loaded.
+#[derive(Debug, Clone)]
+struct Unloaded {
+    cause: String,
+}
+
+#[derive(Debug, Default)]
+struct Slot {
+    engine: Option<SessionEngine>,
+    /// Why the engine was dropped; cleared by a successful reload.
+    fault: Option<Unloaded>,
+}
+
+/// Owns the session engine of one data directory.
+pub struct EngineHost {
+    data_dir: PathBuf,
+    storage: Arc<dyn Storage>,
+    slot: Mutex<Slot>,
+    /// Bumped whenever the engine is (re)loaded: sequence numbers restart with each engine.
+    epoch: AtomicU64,
+    synced: AtomicU64,
+    flushing: tokio::sync::Mutex<()>,
+    reloads: AtomicU64,
+}
+
+impl std::fmt::Debug for EngineHost {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("EngineHost").field("data_dir", &self.data_dir).finish_non_exhaustive()
+    }
+}
+
+fn panic_text(payload: &(dyn std::any::Any + Send)) -> String {
+    payload
+        .downcast_ref::<&str>()
+        .map(|text| (*text).to_owned())
+        .or_else(|| payload.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "a panic without a message".to_owned())
+}
+
+/// Whether an engine error leaves the in-memory engine untrustworthy (its storage failed).
+fn is_storage_fault(error: &EngineError) -> bool {
+    match error {
+        EngineError::Durability(_) | EngineError::State { .. } => true,
+        EngineError::Journal(error) => {
+            matches!(error, JournalError::Io { .. } | JournalError::Poisoned { .. })
+        }
+        EngineError::Artifact(_) => true,
+        _ => false,
+    }
+}
+
+impl EngineHost {
+    /// Hosts `engine`, opened on `storage` at `data_dir`.
+    pub fn new(engine: SessionEngine, storage: Arc<dyn Storage>, data_dir: &Path) -> Self {
+        Self {
+            data_dir: data_dir.to_owned(),
+            storage,
+            slot: Mutex::new(Slot { engine: Some(engine), fault: None }),
+            epoch: AtomicU64::new(0),
+            synced: AtomicU64::new(0),
+            flushing: tokio::sync::Mutex::new(()),
+            reloads: AtomicU64::new(0),
+        }
+    }
+
+    /// Locks the slot. A poisoned lock means the engine panicked mid-operation: its in-memory state
+    /// cannot be trusted, so it is dropped (releasing the journal) and reloaded on next use.
+    fn lock(&self) -> MutexGuard<'_, Slot> {
+        match self.slot.lock() {
+            Ok(guard) => guard,
+            Err(poisoned) => {
+                let mut guard = poisoned.into_inner();
+                self.slot.clear_poison();
+                guard.engine = None;
+                if guard.fault.is_none() {
+                    guard.fault = Some(Unloaded { cause: "the session engine panicked".into() });
+                }
+                guard
+            }
+        }
+    }
+
+    fn unload(&self, slot: &mut Slot, cause: String) {
+        tracing::error!(%cause, "session engine unloaded; it is reloaded from the journal once storage works");
+        slot.engine = None;
+        slot.fault = Some(Unloaded { cause });
+    }
+
+    /// Writes, fsyncs and removes a probe file: storage accepts writes again.
+    fn probe(&self) -> Result<(), String> {
+        let probe = self.data_dir.join(PROBE_FILE);
+        self.storage
+            .write_file(&probe, b"probe")
+            .map_err(|error| format!("write {}: {error}", probe.display()))?;
+        self.storage.sync_file(&probe).map_err(|error| format!("fsync {}: {error}", probe.display()))?;
+        self.storage.remove_file(&probe).map_err(|error| format!("remove {}: {error}", probe.display()))
+    }
+
+    /// Reloads the engine from the journal when it is not loaded.
+    fn ensure_loaded<'a>(
+        &self,
+        slot: &'a mut Slot,
+        settings: &Settings,
+    ) -> Result<&'a mut SessionEngine, GatewayError> {
+        if slot.engine.is_none() {
+            let cause = slot.fault.as_ref().map(|fault| fault.cause.clone()).unwrap_or_default();
+            let unavailable =
+                |reason: String| GatewayError::EngineUnavailable { cause: cause.clone(), reason };
+            self.probe().map_err(unavailable)?;
+            let engine = SessionEngine::open_on(
+                Arc::clone(&self.storage),
+                &self.data_dir,
+                &settings.session,
+                now_ms(),
+            )
+            .map_err(|error| unavailable(format!("reopening the journal: {error}")))?;
+            self.epoch.fetch_add(1, Ordering::AcqRel);
+            self.synced.store(0, Ordering::Release);
+            self.reloads.fetch_add(1, Ordering::Relaxed);
+            tracing::warn!(%cause, "session engine reloaded from the journal");
+            slot.fault = None;
+            slot.engine = Some(engine);
+        }
+        slot.engine.as_mut().ok_or_else(|| GatewayError::EngineUnavailable {
+            cause: String::new(),
+            reason: "the engine is not loaded".into(),
+        })
+    }
+
+    /// Why the engine is not serving, if it is not.
+    #[cfg(test)]
+    fn fault(&self) -> Option<String> {
+        self.lock().fault.as_ref().map(|fault| fault.cause.clone())
+    }
+
+    /// Times the engine was reloaded from the journal.
+    pub fn reloads(&self) -> u64 {
+        self.reloads.load(Ordering::Relaxed)
+    }
+
+    /// Runs `work` on the engine on the blocking pool and returns once its writes are durable.
+    pub async fn run<T: Send + 'static>(
+        self: &Arc<Self>,
+        settings: Arc<Settings>,
+        work: impl FnOnce(&mut SessionEngine) -> Result<T, EngineError> + Send + 'static,
+    ) -> Result<T, GatewayError> {
+        let host = Arc::clone(self);
+        let outcome = tokio::task::spawn_blocking(move || {
+            let mut slot = host.lock();
+            let epoch = host.epoch.load(Ordering::Acquire);
+            let engine = host.ensure_loaded(&mut slot, &settings)?;
+            let value = work(engine);
+            for warning in engine.take_warnings() {
+                tracing::warn!(%warning, "session engine");
+            }
+            let seq = engine.appended_seq();
+            let poisoned = engine.journal().is_poisoned();
+            match value {
+                Err(error) if is_storage_fault(&error) || poisoned => {
+                    let cause = error.to_string();
+                    host.unload(&mut slot, cause.clone());
+                    Err(GatewayError::EngineUnavailable { cause, reason: RELOAD_REASON.into() })
+                }
+                Err(error) => Err(GatewayError::Engine(error)),
+                Ok(value) => Ok((value, epoch, seq)),
+            }
+        })
+        .await;
+        let (value, epoch, seq) = match outcome {
+            Ok(result) => result?,
+            Err(join) => {
+                let cause = match join.try_into_panic() {
+                    Ok(payload) => format!("the session engine panicked: {}", panic_text(payload.as_ref())),
+                    Err(join) => format!("the session engine task failed: {join}"),
+                };
+                let mut slot = self.lock();
+                self.unload(&mut slot, cause.clone());
+                return Err(GatewayError::EngineUnavailable {
+                    cause,
+                    reason: "it is reloaded from the journal on the next request".into(),
+                });
+            }
+        };
+        self.wait_durable(epoch, seq).await?;
+        Ok(value)
+    }
+
+    /// Returns once every write counted up to `seq` (of engine `epoch`) is durable, fsyncing on the
+    /// blocking pool if no one else did.
+    async fn wait_durable(self: &Arc<Self>, epoch: u64, seq: u64) -> Result<(), GatewayError> {
+        if self.synced.load(Ordering::Acquire) >= seq {
+            return Ok(());
+        }
+        let _flushing = self.flushing.lock().await;
+        if self.epoch.load(Ordering::Acquire) != epoch {
+            return Err(GatewayError::EngineUnavailable {
+                cause: "the engine was reloaded before this request's writes were made durable".into(),
+                reason: "send the request again".into(),
+            });
+        }
+        if self.synced.load(Ordering::Acquire) >= seq {
+            return Ok(());
+        }
+        let host = Arc::clone(self);
+        let flushed = tokio::task::spawn_blocking(move || {
+            let target = {
+                let mut slot = host.lock();
+                match slot.engine.as_mut() {
+                    Some(engine) => engine.durable_target(),
+                    None => {
+                        return Err("the engine was unloaded before its writes were made durable".to_owned());
+                    }
+                }
+            };
+            for path in &target.paths {
+                host.storage.sync_file(path).map_err(|error| format!("fsync {}: {error}", path.display()))?;
+            }
+            Ok(target.seq)
+        })
+        .await
+        .map_err(|join| format!("the fsync task failed: {join}"))
+        .and_then(|result| result);
+        match flushed {
+            Ok(target) => {
+                self.synced.fetch_max(target, Ordering::AcqRel);
+                Ok(())
+            }
+            Err(cause) => {
+                let mut slot = self.lock();
+                if self.epoch.load(Ordering::Acquire) == epoch {
+                    self.unload(&mut slot, format!("journal fsync failed: {cause}"));
+                }
+                Err(GatewayError::EngineUnavailable {
+                    cause: format!("journal fsync failed: {cause}"),
+                    reason: RELOAD_REASON.into(),
+                })
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+    use strata_api::gateway_config::GatewayConfig;
+    use strata_core::journal::StdStorage;
+
+    fn settings(dir: &Path) -> Arc<Settings> {
+        let config = GatewayConfig::from_json(
+            br#"{"version": 1, "agent": {"name": "a", "namespace": "n"},
+                "upstream": {"provider": "OpenAICompatible", "model": "m", "endpoint": "http://127.0.0.1:9/v1",
+                             "contextWindow": 32768, "tokenizer": "Approximate"},
+                "cacheKey": "k", "cacheKeyShort": "k", "sessionMode": "Transparent"}"#,
+        )
+        .unwrap();
+        Arc::new(Settings::from_config(config, &dir.join("gateway.json")).unwrap())
+    }
+
+    #[tokio::test]
+    async fn a_panic_unloads_the_engine_and_the_next_call_reloads_it_from_the_journal() {
+        let dir = tempfile::tempdir().unwrap();
+        let settings = settings(dir.path());
+        let engine = SessionEngine::open(dir.path(), &settings.session, now_ms()).unwrap();
+        let host = Arc::new(EngineHost::new(engine, Arc::new(StdStorage), dir.path()));
+        let generation =
+            host.run(Arc::clone(&settings), |engine| Ok(engine.journal().generation())).await.unwrap();
+
+        let failed = host.run(Arc::clone(&settings), |_| -> Result<(), EngineError> { panic!("boom") }).await;
+        let Err(GatewayError::EngineUnavailable { cause, .. }) = failed else { panic!("{failed:?}") };
+        assert!(cause.contains("panicked: boom"), "{cause}");
+        assert!(host.fault().unwrap().contains("boom"), "not ready until reloaded");
+        assert_eq!(host.reloads(), 0);
+
+        let after =
+            host.run(Arc::clone(&settings), |engine| Ok(engine.journal().generation())).await.unwrap();
+        assert_eq!(after, generation, "reloaded from the same journal");
+        assert_eq!((host.reloads(), host.fault()), (1, None));
+    }
+}
