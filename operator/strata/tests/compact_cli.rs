@@ -156,6 +156,8 @@ fn config(agent: &Agent, provider: Provider, endpoint: &str, context_window: u32
             name: "builder".into(),
             namespace: "rateright".into(),
             privacy_scope: "tenant".into(),
+            uid: None,
+            adopt_journal_from_uid: None,
         },
         upstream: UpstreamConfig {
             provider,

@@ -248,6 +248,32 @@ fn a_model_change_rolls_the_pod() {
 }
 
 #[test]
+fn the_journal_claim_is_deleted_with_the_agent_unless_kept_and_the_journal_is_bound_to_its_uid() {
+    let builder = agent("builder");
+    let policy = |agent: &Agent| {
+        let retention =
+            children(agent).stateful_set.spec.unwrap().persistent_volume_claim_retention_policy.unwrap();
+        (retention.when_deleted.unwrap(), retention.when_scaled.unwrap())
+    };
+    assert_eq!(policy(&builder), ("Delete".to_string(), "Retain".to_string()));
+    let mut kept = builder.clone();
+    kept.spec.storage.get_or_insert_default().retain_on_delete = Some(true);
+    assert_eq!(policy(&kept), ("Retain".to_string(), "Retain".to_string()));
+
+    let config = |agent: &Agent| {
+        let json = children(agent).config_map.data.unwrap()["gateway.json"].clone();
+        GatewayConfig::from_json(json.as_bytes()).unwrap()
+    };
+    assert_eq!(config(&builder).agent.uid, builder.metadata.uid);
+    assert_eq!(config(&builder).agent.adopt_journal_from_uid, None);
+    let mut adopting = builder.clone();
+    adopting.metadata.annotations = Some(
+        [("strata.dev/adopt-journal-from-uid".to_string(), " uid-of-the-old-builder ".to_string())].into(),
+    );
+    assert_eq!(config(&adopting).agent.adopt_journal_from_uid.as_deref(), Some("uid-of-the-old-builder"));
+}
+
+#[test]
 fn suspend_scales_to_zero_and_keeps_the_journal_claim() {
     let mut suspended = agent("ledger");
     suspended.spec.suspend = Some(true);

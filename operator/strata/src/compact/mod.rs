@@ -6,7 +6,7 @@
 //! proposal and waits (bounded by `--wait-seconds`) for the gateway to commit it; entries the
 //! gateway appends meanwhile are carried over exactly once.
 
-mod exit;
+pub mod exit;
 mod llm;
 mod run;
 

@@ -304,6 +304,8 @@ pub fn config(fake: &FakeUpstream, provider: Provider, dir: &Path) -> GatewayCon
             name: "builder".into(),
             namespace: "rateright".into(),
             privacy_scope: "tenant".into(),
+            uid: None,
+            adopt_journal_from_uid: None,
         },
         upstream: UpstreamConfig {
             provider,
@@ -350,6 +352,7 @@ pub fn args(config_path: &Path, data_dir: &Path) -> GatewayArgs {
         listen: "127.0.0.1:0".parse().unwrap(),
         metrics_listen: "127.0.0.1:0".parse().unwrap(),
         max_body_bytes: 1024 * 1024,
+        log: strata::logging::LogArgs::default(),
     }
 }
 

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use strata_api::Agent;
 use strata_api::agent::Provider;
 use strata_api::effective::{EffectivePolicy, PolicyInputs, Resolution, resolve};
-use strata_api::status::{CONDITION_POLICY_RESOLVED, CONDITION_REFERENCES_RESOLVED};
+use strata_api::status::{CONDITION_JOURNAL_BOUND, CONDITION_POLICY_RESOLVED, CONDITION_REFERENCES_RESOLVED};
 use strata_core::cache_key::{CacheKey, CacheKeyInputs, MasterKey, compute_cache_key, derive_tenant_key};
 use strata_core::prefix::{StablePrefixManifest, StablePrefixSources};
 use strata_core::redaction::Redactor;
@@ -194,6 +194,13 @@ pub fn validate(
     let cache_key = cache_key(agent, master_key, &tenant, epoch, tokenizer, &manifest)?;
     let mut warnings: Vec<Problem> =
         resolution.warnings.iter().map(|warning| Problem::policy("PolicyWarning", warning.clone())).collect();
+    if let Some(refusal) = inputs.pod.as_ref().and_then(|pod| pod.foreign_journal.as_ref()) {
+        warnings.push(Problem {
+            condition: CONDITION_JOURNAL_BOUND,
+            reason: "ForeignJournal",
+            message: format!("the gateway refused the journal on the agent's volume: {refusal}"),
+        });
+    }
     if let Some(secret) = inputs.pod.as_ref().and_then(|pod| pod.missing_secret.as_ref()) {
         warnings.push(Problem::reference(
             "SecretNotFound",

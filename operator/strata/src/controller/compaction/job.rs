@@ -94,7 +94,8 @@ pub fn build_job(compaction: &CompactionJob, agent: &Agent, image: &str, node: O
         image: Some(image.into()),
         args: Some(compact_args(compaction)),
         termination_message_path: Some(TERMINATION_LOG.into()),
-        termination_message_policy: Some("File".into()),
+        // The record (or the error `strata compact` wrote); the log tail if it wrote nothing.
+        termination_message_policy: Some("FallbackToLogsOnError".into()),
         resources: Some(ResourceRequirements {
             requests: Some(
                 [("cpu".into(), Quantity("100m".into())), ("memory".into(), Quantity("128Mi".into()))].into(),
