@@ -128,6 +128,9 @@ async fn the_job_runs_strata_compact_on_the_agents_volume_pinned_to_its_node() {
     assert_eq!(job["metadata"]["ownerReferences"][0]["kind"], "CompactionJob");
     let spec = &job["spec"];
     assert_eq!(spec["backoffLimit"], 2);
+    let rule = &spec["podFailurePolicy"]["rules"][0];
+    assert_eq!(rule["action"], "FailJob", "a retry cannot fix a bad request or a damaged journal");
+    assert_eq!(rule["onExitCodes"]["values"], json!([2, 64, 65]));
     assert_eq!(spec["activeDeadlineSeconds"], 1800);
     let pod = &spec["template"]["spec"];
     assert_eq!(pod["nodeSelector"]["kubernetes.io/hostname"], "node-a");

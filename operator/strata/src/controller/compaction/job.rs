@@ -1,6 +1,8 @@
 //! The batch/v1 Job that runs `strata compact` against an agent's journal volume (pure).
 
-use k8s_openapi::api::batch::v1::{Job, JobSpec};
+use k8s_openapi::api::batch::v1::{
+    Job, JobSpec, PodFailurePolicy, PodFailurePolicyOnExitCodesRequirement, PodFailurePolicyRule,
+};
 use k8s_openapi::api::core::v1::{
     Container, EmptyDirVolumeSource, PersistentVolumeClaimVolumeSource, PodSecurityContext, PodSpec,
     PodTemplateSpec, ResourceRequirements, Volume,
@@ -12,6 +14,7 @@ use sha2::{Digest, Sha256};
 use strata_api::compaction_job::CompactionMode;
 use strata_api::{Agent, CompactionJob};
 
+use crate::compact::exit::{EXIT_CHECK_FAILED, EXIT_DATA, EXIT_USAGE};
 use crate::controller::agent::build::{
     API_KEY_FILE, CONFIG_DIR, CONFIG_FILE, DATA_DIR, config_and_credentials_volumes, config_map_name,
     journal_claim_name, mount, restricted, runtime_default_seccomp,
@@ -71,6 +74,22 @@ pub fn compact_args(compaction: &CompactionJob) -> Vec<String> {
     args.extend(["--config".into(), format!("{CONFIG_DIR}/{CONFIG_FILE}")]);
     args.extend(["--termination-log".into(), TERMINATION_LOG.into()]);
     args
+}
+
+/// Failures that a retry cannot fix end the Job at once: a failed preservation check, a bad
+/// request and a damaged journal. A summariser outage, an I/O error or a lost race are retried.
+fn fail_at_once_on_deterministic_errors() -> PodFailurePolicy {
+    PodFailurePolicy {
+        rules: vec![PodFailurePolicyRule {
+            action: "FailJob".into(),
+            on_exit_codes: Some(PodFailurePolicyOnExitCodesRequirement {
+                container_name: Some(COMPACT_CONTAINER.into()),
+                operator: "In".into(),
+                values: [EXIT_CHECK_FAILED, EXIT_USAGE, EXIT_DATA].map(i32::from).to_vec(),
+            }),
+            on_pod_conditions: None,
+        }],
+    }
 }
 
 /// The Job for `compaction` on `agent`, pinned to `node` when the agent pod holds the volume there.
@@ -137,6 +156,7 @@ pub fn build_job(compaction: &CompactionJob, agent: &Agent, image: &str, node: O
         },
         spec: Some(JobSpec {
             backoff_limit: Some(BACKOFF_LIMIT),
+            pod_failure_policy: Some(fail_at_once_on_deterministic_errors()),
             active_deadline_seconds: Some(ACTIVE_DEADLINE_SECONDS),
             template: PodTemplateSpec {
                 metadata: Some(ObjectMeta { labels: Some(labels), ..ObjectMeta::default() }),
