@@ -464,3 +464,43 @@ fn beside_a_live_writer_the_compaction_is_proposed_and_nothing_is_lost_or_duplic
         assert!(present.contains(id) != removed.contains(id), "{id} lost or duplicated");
     }
 }
+
+#[test]
+fn the_summariser_gets_its_own_provider_endpoint_and_key() {
+    let agent = agent();
+    let good = serde_json::to_string(&good_state(&agent)).unwrap();
+    let (upstream, url) = with_upstream(vec![Reply::Content(good)], String::new());
+    // The agent talks to OpenAI (here: nowhere); its summariser is an Anthropic model with its own key.
+    let path = config(&agent, Provider::OpenAI, "http://127.0.0.1:9/v1", 200_000, 10);
+    let mut config: GatewayConfig = serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
+    let summarizer = &mut config.policy.compaction.summarizer;
+    summarizer.provider = Some(Provider::Anthropic);
+    summarizer.endpoint = Some(url.trim_end_matches("/v1").to_string());
+    std::fs::write(&path, serde_json::to_vec(&config).unwrap()).unwrap();
+    let config_arg = path.to_str().unwrap();
+
+    let refused = compact(&agent, &["--mode", "Budget", "--config", config_arg]);
+    assert_eq!(refused.status.code(), Some(64), "{}", stderr(&refused));
+    assert!(
+        stderr(&refused).contains("refusing to send the agent's API key to another provider"),
+        "{}",
+        stderr(&refused)
+    );
+    assert!(upstream.requests.lock().unwrap().is_empty());
+
+    config.policy.compaction.summarizer.credentials_secret_ref =
+        Some(strata_api::refs::LocalKeyRef { name: "anthropic-api".into(), key: "api-key".into() });
+    std::fs::write(&path, serde_json::to_vec(&config).unwrap()).unwrap();
+    let key = agent.root.join("summarizer-key");
+    std::fs::write(&key, "sk-ant-summarizer\n").unwrap();
+    let output = compact(
+        &agent,
+        &["--mode", "Budget", "--config", config_arg, "--summarizer-api-key-file", key.to_str().unwrap()],
+    );
+    assert!(output.status.success(), "{}", stderr(&output));
+    assert_eq!(
+        records(&agent, &output).model_or_service_version.as_deref(),
+        Some("anthropic:fake-summarizer")
+    );
+    assert_eq!(upstream.requests.lock().unwrap().len(), 1, "the summariser's own endpoint was called");
+}

@@ -355,3 +355,56 @@ fn golden_yaml_parses_back_to_the_same_objects() {
         ["ServiceAccount", "Role", "RoleBinding", "ConfigMap", "Service", "NetworkPolicy", "StatefulSet"]
     );
 }
+
+#[test]
+fn every_sample_agents_summariser_can_work() {
+    for agent in fleet() {
+        let valid = validated(&agent);
+        let summarizer = &valid.resolution.policy.compaction.summarizer;
+        assert_eq!(summarizer.model.as_deref(), Some("claude-3-5-haiku-20241022"));
+        let problem = strata::controller::agent::validate::summarizer_problem(&agent, summarizer);
+        assert!(problem.is_none(), "{:?}: {problem:?}", agent.metadata.name);
+    }
+}
+
+#[test]
+fn a_summariser_that_cannot_work_is_named_with_what_to_do() {
+    use strata::controller::agent::validate::summarizer_problem;
+    use strata_api::agent::Provider;
+    use strata_api::effective::EffectiveSummarizer;
+    let scout = agent("scout");
+    assert_eq!(scout.spec.model.provider, Provider::OpenAI);
+    let base = EffectiveSummarizer {
+        model: Some("claude-3-5-haiku-20241022".into()),
+        max_summary_tokens: 4096,
+        provider: None,
+        endpoint: None,
+        credentials_secret_ref: None,
+    };
+    // The case: an Anthropic model for the whole namespace, sent to an OpenAI agent's provider.
+    let problem = summarizer_problem(&scout, &base).expect("an Anthropic model sent to OpenAI");
+    assert_eq!((problem.condition, problem.reason), ("SummarizerReady", "SummarizerUnavailable"));
+    assert!(
+        problem
+            .message
+            .contains("is a anthropic model, but compactions would send it to openai (the agent's provider)"),
+        "{}",
+        problem.message
+    );
+    // Its own provider but the agent's (OpenAI) key: refused.
+    let own_provider = EffectiveSummarizer { provider: Some(Provider::Anthropic), ..base.clone() };
+    let problem = summarizer_problem(&scout, &own_provider).unwrap();
+    assert!(problem.message.contains("credentialsSecretRef"), "{}", problem.message);
+    let with_key = EffectiveSummarizer {
+        credentials_secret_ref: Some(strata_api::refs::LocalKeyRef {
+            name: "anthropic-api".into(),
+            key: "api-key".into(),
+        }),
+        ..own_provider
+    };
+    assert!(summarizer_problem(&scout, &with_key).is_none());
+    // An OpenAI model at the agent's own provider, and the extractive summariser, are fine.
+    let openai = EffectiveSummarizer { model: Some("gpt-4.1-mini".into()), ..base.clone() };
+    assert!(summarizer_problem(&scout, &openai).is_none());
+    assert!(summarizer_problem(&scout, &EffectiveSummarizer { model: None, ..base }).is_none());
+}

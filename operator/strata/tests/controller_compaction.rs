@@ -369,3 +369,37 @@ async fn finished_jobs_are_deleted_after_their_ttl() {
     reconcile_compaction(&fresh, &ctx).await.unwrap();
     assert!(server.requests().is_empty(), "not expired yet: nothing to do");
 }
+
+#[tokio::test]
+async fn the_summarisers_own_key_is_mounted_into_the_job() {
+    use strata::controller::agent::build::build;
+    use strata::controller::agent::validate::{Validation, validate};
+    use strata::controller::prefix_cache::PrefixCache;
+    let builder = agent("builder");
+    let Validation::Valid(valid) =
+        validate(&builder, &inputs_for(&builder), &PrefixCache::default(), &master_key()).unwrap()
+    else {
+        panic!("builder is valid")
+    };
+    let gateway_map = serde_json::to_value(build(&builder, &valid, &settings()).unwrap().config_map).unwrap();
+    let answers = cluster(None, no_pods());
+    let (client, server) = FakeApiServer::start(Box::new(move |seen| {
+        if seen.method == "GET" && seen.path.ends_with("/configmaps/builder-gateway") {
+            return Some((200, gateway_map.clone()));
+        }
+        answers(seen)
+    }));
+    let ctx = context(client, fleet_caches(vec![sample_job()], true));
+    reconcile_compaction(&sample_job(), &ctx).await.unwrap();
+    let created =
+        server.writes().into_iter().find(|w| w.method == "POST" && w.path.ends_with("/jobs")).unwrap();
+    let pod = &created.body["spec"]["template"]["spec"];
+    let volume =
+        pod["volumes"].as_array().unwrap().iter().find(|v| v["name"] == "summarizer-credentials").unwrap();
+    assert_eq!(volume["secret"]["secretName"], "anthropic-api", "the sample policy's summariser key");
+    assert_eq!(volume["secret"]["items"][0]["key"], "api-key");
+    let mounts = pod["containers"][0]["volumeMounts"].as_array().unwrap();
+    let mount = mounts.iter().find(|m| m["name"] == "summarizer-credentials").unwrap();
+    assert_eq!(mount["mountPath"], "/var/run/strata/summarizer");
+    assert_eq!(mount["readOnly"], true);
+}

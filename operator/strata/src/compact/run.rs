@@ -250,7 +250,9 @@ fn resolve(args: &CompactArgs) -> Result<Plan, CompactFailure> {
     });
     let llm = match (choice, &config, model) {
         (SummarizerChoice::Extractive, _, _) => None,
-        (SummarizerChoice::Llm, Some(config), Some(model)) => Some(llm_settings(config, model)?),
+        (SummarizerChoice::Llm, Some(config), Some(model)) => {
+            Some(llm_settings(config, model, &args.summarizer_api_key_file)?)
+        }
         (SummarizerChoice::Llm, _, _) => {
             return Err(usage(
                 "--summarizer llm needs --config gateway.json whose policy sets compaction.summarizer.model; set the model in the ContextPolicy or use --summarizer extractive",
@@ -284,19 +286,38 @@ fn check_mode_arguments(args: &CompactArgs) -> Result<(), CompactFailure> {
     Ok(())
 }
 
-fn llm_settings(config: &GatewayConfig, model: String) -> Result<LlmSettings, CompactFailure> {
+/// Where the summariser is reached: its own provider, endpoint and key when the policy gives them,
+/// else the agent's (the endpoint of another provider defaults to that provider's public one).
+fn llm_settings(
+    config: &GatewayConfig,
+    model: String,
+    own_key_file: &Path,
+) -> Result<LlmSettings, CompactFailure> {
     let upstream = &config.upstream;
-    let endpoint = if upstream.endpoint.trim().is_empty() {
-        upstream.provider.default_endpoint().unwrap_or_default().to_owned()
-    } else {
-        upstream.endpoint.clone()
+    let summarizer = &config.policy.compaction.summarizer;
+    let provider = summarizer.provider.unwrap_or(upstream.provider);
+    let endpoint = match &summarizer.endpoint {
+        Some(endpoint) => endpoint.clone(),
+        None if provider == upstream.provider && !upstream.endpoint.trim().is_empty() => {
+            upstream.endpoint.clone()
+        }
+        None => provider.default_endpoint().unwrap_or_default().to_owned(),
     };
     if endpoint.is_empty() {
         return Err(usage(
-            "--config: upstream.endpoint is empty; an OpenAICompatible provider needs an endpoint",
+            "--config: no endpoint for the summariser: an OpenAICompatible provider needs upstream.endpoint or compaction.summarizer.endpoint",
         ));
     }
-    let api_key = match &upstream.api_key_file {
+    let key_file = if summarizer.credentials_secret_ref.is_some() {
+        Some(own_key_file.display().to_string())
+    } else if provider == upstream.provider {
+        upstream.api_key_file.clone()
+    } else {
+        return Err(usage(
+            "--config: the summariser's provider differs from the agent's and compaction.summarizer.credentialsSecretRef is not set; refusing to send the agent's API key to another provider",
+        ));
+    };
+    let api_key = match &key_file {
         Some(file) => Some(
             std::fs::read_to_string(file)
                 .map_err(|source| CompactFailure::Io {
@@ -312,7 +333,7 @@ fn llm_settings(config: &GatewayConfig, model: String) -> Result<LlmSettings, Co
     let max_summary_tokens = config.policy.compaction.summarizer.max_summary_tokens;
     let input_tokens = (upstream.context_window / 2).saturating_sub(max_summary_tokens).max(1024);
     Ok(LlmSettings {
-        provider: upstream.provider,
+        provider,
         endpoint,
         model,
         api_key,

@@ -12,8 +12,10 @@ use kube::Resource;
 use kube::api::ObjectMeta;
 use sha2::{Digest, Sha256};
 use strata_api::compaction_job::CompactionMode;
+use strata_api::refs::LocalKeyRef;
 use strata_api::{Agent, CompactionJob};
 
+use crate::compact::SUMMARIZER_KEY_FILE;
 use crate::compact::exit::{EXIT_CHECK_FAILED, EXIT_DATA, EXIT_USAGE};
 use crate::controller::agent::build::{
     API_KEY_FILE, CONFIG_DIR, CONFIG_FILE, DATA_DIR, config_and_credentials_volumes, config_map_name,
@@ -26,6 +28,8 @@ use crate::controller::labels::{LABEL_AGENT, LABEL_COMPACTION_JOB, LABEL_MANAGED
 pub const COMPACT_CONTAINER: &str = "compact";
 /// Where the container writes its record.
 pub const TERMINATION_LOG: &str = "/dev/termination-log";
+/// Volume of the summariser's own API key.
+const SUMMARIZER_VOLUME: &str = "summarizer-credentials";
 /// Retries of a failed compaction pod.
 pub const BACKOFF_LIMIT: i32 = 2;
 /// A compaction that runs longer than this is stopped.
@@ -92,8 +96,15 @@ fn fail_at_once_on_deterministic_errors() -> PodFailurePolicy {
     }
 }
 
-/// The Job for `compaction` on `agent`, pinned to `node` when the agent pod holds the volume there.
-pub fn build_job(compaction: &CompactionJob, agent: &Agent, image: &str, node: Option<&str>) -> Result<Job> {
+/// The Job for `compaction` on `agent`, pinned to `node` when the agent pod holds the volume there,
+/// with the summariser's own API key mounted when the policy gives it one.
+pub fn build_job(
+    compaction: &CompactionJob,
+    agent: &Agent,
+    image: &str,
+    node: Option<&str>,
+    summarizer_credentials: Option<&LocalKeyRef>,
+) -> Result<Job> {
     let namespace = namespace_of(&compaction.metadata, "CompactionJob")?;
     let compaction_name = name_of(&compaction.metadata, "CompactionJob")?;
     let agent_name = name_of(&agent.metadata, "Agent")?;
@@ -108,6 +119,17 @@ pub fn build_job(compaction: &CompactionJob, agent: &Agent, image: &str, node: O
     let credentials = &agent.spec.model.credentials_secret_ref;
     let credentials_dir = API_KEY_FILE.rsplit_once('/').map(|(dir, _)| dir).unwrap_or(API_KEY_FILE);
     let seccomp = runtime_default_seccomp();
+    let summarizer_dir =
+        SUMMARIZER_KEY_FILE.rsplit_once('/').map(|(dir, _)| dir).unwrap_or(SUMMARIZER_KEY_FILE);
+    let mut mounts = vec![
+        mount("journal", DATA_DIR, false),
+        mount("config", CONFIG_DIR, true),
+        mount("credentials", credentials_dir, true),
+        mount("tmp", "/tmp", false),
+    ];
+    if summarizer_credentials.is_some() {
+        mounts.push(mount(SUMMARIZER_VOLUME, summarizer_dir, true));
+    }
     let container = Container {
         name: COMPACT_CONTAINER.into(),
         image: Some(image.into()),
@@ -123,17 +145,12 @@ pub fn build_job(compaction: &CompactionJob, agent: &Agent, image: &str, node: O
             ..ResourceRequirements::default()
         }),
         security_context: Some(restricted(true, Some(COMPACTOR_UID))),
-        volume_mounts: Some(vec![
-            mount("journal", DATA_DIR, false),
-            mount("config", CONFIG_DIR, true),
-            mount("credentials", credentials_dir, true),
-            mount("tmp", "/tmp", false),
-        ]),
+        volume_mounts: Some(mounts),
         ..Container::default()
     };
     let [config, credentials_volume] =
         config_and_credentials_volumes(&config_map_name(&agent_name), credentials);
-    let volumes = vec![
+    let mut volumes = vec![
         Volume {
             name: "journal".into(),
             persistent_volume_claim: Some(PersistentVolumeClaimVolumeSource {
@@ -146,6 +163,11 @@ pub fn build_job(compaction: &CompactionJob, agent: &Agent, image: &str, node: O
         credentials_volume,
         Volume { name: "tmp".into(), empty_dir: Some(EmptyDirVolumeSource::default()), ..Volume::default() },
     ];
+    if let Some(key) = summarizer_credentials {
+        let [_, mut summarizer] = config_and_credentials_volumes(&config_map_name(&agent_name), key);
+        summarizer.name = SUMMARIZER_VOLUME.into();
+        volumes.push(summarizer);
+    }
     Ok(Job {
         metadata: ObjectMeta {
             name: Some(job_name(compaction)),

@@ -12,7 +12,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use k8s_openapi::api::batch::v1::Job;
-use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::core::v1::{ConfigMap, Pod};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::runtime::controller::Action;
@@ -84,7 +84,14 @@ pub async fn reconcile_compaction(compaction: &CompactionJob, ctx: &Context) -> 
             return Ok(Action::requeue(POLL_INTERVAL));
         }
         let node = pinned_node(ctx, &namespace, &agent).await?;
-        let built = job::build_job(compaction, &agent, &ctx.settings.compactor_image, node.as_deref())?;
+        let summarizer_credentials = summarizer_credentials(ctx, &namespace, agent_name).await?;
+        let built = job::build_job(
+            compaction,
+            &agent,
+            &ctx.settings.compactor_image,
+            node.as_deref(),
+            summarizer_credentials.as_ref(),
+        )?;
         match jobs.create(&PostParams::default(), &built).await {
             Ok(_) => {}
             Err(kube::Error::Api(status)) if status.is_already_exists() => {}
@@ -198,6 +205,26 @@ async fn pinned_node(ctx: &Context, namespace: &str, agent: &Agent) -> Result<Op
     let pod =
         pods.get_opt(&name).await.map_err(|e| Error::kube(format!("reading Pod {namespace}/{name}"), e))?;
     Ok(pod.and_then(|p| p.spec).and_then(|s| s.node_name))
+}
+
+/// The summariser's own credentials, from the gateway.json that the Job's `strata compact` reads
+/// (so the key it mounts is the one that config names).
+async fn summarizer_credentials(
+    ctx: &Context,
+    namespace: &str,
+    agent: &str,
+) -> Result<Option<strata_api::refs::LocalKeyRef>> {
+    let maps: Api<ConfigMap> = Api::namespaced(ctx.client.clone(), namespace);
+    let name = crate::controller::agent::build::config_map_name(agent);
+    let map = maps
+        .get_opt(&name)
+        .await
+        .map_err(|e| Error::kube(format!("reading ConfigMap {namespace}/{name}"), e))?;
+    let config = map
+        .and_then(|m| m.data)
+        .and_then(|data| data.get(crate::controller::agent::build::CONFIG_FILE).cloned())
+        .and_then(|json| strata_api::gateway_config::GatewayConfig::from_json(json.as_bytes()).ok());
+    Ok(config.and_then(|c| c.policy.compaction.summarizer.credentials_secret_ref))
 }
 
 async fn read_termination(
