@@ -1,7 +1,8 @@
 //! The operator never harms what is not its own, on a real control plane: orphan cleanup spares a
 //! user's look-alike object, deleting a namespace full of Agents is not counted as failures, the
 //! journal claim goes with its Agent unless kept (and a new Agent of the same name is a new owner),
-//! and the controller's log file carries no terminal colour codes.
+//! a summariser that cannot reach its model is reported, and the controller's log file carries no
+//! terminal colour codes. (A failed compaction's reason: tests/compaction.rs.)
 //! Ignored unless STRATA_E2E_KUBECONFIG is set when they are built.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -192,6 +193,71 @@ async fn the_journal_claim_goes_with_its_agent_unless_kept_and_a_new_agent_is_a_
     eventually("gateway.json adopting the old journal", MINUTE, || async {
         let agent = identity(maps.get("builder-gateway").await.ok()?);
         (agent["adoptJournalFromUid"].as_str() == Some(old_uid.as_str())).then_some(())
+    })
+    .await;
+    namespace.delete().await.unwrap();
+}
+
+#[tokio::test]
+#[cfg_attr(not(strata_e2e), ignore = "needs a cluster: set STRATA_E2E_KUBECONFIG")]
+async fn a_summariser_that_cannot_reach_its_model_is_reported_until_it_gets_its_own_provider() {
+    let client = client().await.unwrap();
+    let (namespace, agents) = fleet_namespace(&client, "summariser").await.unwrap();
+    let ns = &namespace.name;
+    // An OpenAI agent beside the Anthropic builder.
+    let builder = agents.get("builder").await.unwrap();
+    let mut spec = builder.spec.clone();
+    spec.model.provider = strata_api::agent::Provider::OpenAI;
+    spec.model.name = "gpt-4.1".into();
+    spec.model.tokenizer = None;
+    spec.model.endpoint = None;
+    spec.model.credentials_secret_ref.name = "openai-api".into();
+    let mut scout = Agent::new("scout", spec);
+    scout.metadata.namespace = Some(ns.clone());
+    agents.create(&PostParams::default(), &scout).await.unwrap();
+    // The namespace policy names an Anthropic summariser without saying where it lives.
+    let policies: Api<strata_api::ContextPolicy> = Api::namespaced(client.clone(), ns);
+    let policy: strata_api::ContextPolicy = serde_json::from_value(json!({
+        "apiVersion": "strata.dev/v1alpha1", "kind": "ContextPolicy", "metadata": {"name": "default"},
+        "spec": {"compaction": {"summarizer": {"model": "claude-3-5-haiku-20241022"}}}}))
+    .unwrap();
+    policies.create(&PostParams::default(), &policy).await.unwrap();
+    let summarizer_condition =
+        |agent: Agent| agent.status?.conditions.into_iter().find(|c| c.type_ == "SummarizerReady");
+    let unavailable = eventually("scout's SummarizerReady=False", MINUTE, || async {
+        let condition = summarizer_condition(agents.get("scout").await.ok()?)?;
+        (condition.status == "False").then_some(condition)
+    })
+    .await;
+    assert_eq!(unavailable.reason, "SummarizerUnavailable");
+    assert!(unavailable.message.contains("claude-3-5-haiku-20241022"), "{}", unavailable.message);
+    let builder_ready = eventually("builder's SummarizerReady", MINUTE, || async {
+        summarizer_condition(agents.get("builder").await.ok()?)
+    })
+    .await;
+    assert_eq!(builder_ready.status, "True", "an Anthropic model at the Anthropic agent's provider works");
+    let scout_phase = agents.get("scout").await.unwrap().status.unwrap().phase;
+    assert_ne!(scout_phase, Some(strata_api::agent::AgentPhase::Failed), "the agent itself still runs");
+    let events: Api<k8s_openapi::api::events::v1::Event> = Api::namespaced(client.clone(), ns);
+    eventually("a SummarizerUnavailable Warning Event on scout", MINUTE, || async {
+        let list = events.list(&Default::default()).await.ok()?;
+        list.items
+            .into_iter()
+            .find(|e| {
+                e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some("scout")
+                    && e.reason.as_deref() == Some("SummarizerUnavailable")
+            })
+            .map(|_| ())
+    })
+    .await;
+
+    // The fix the message asks for: the summariser's own provider and key.
+    let fix = json!({"spec": {"compaction": {"summarizer": {"provider": "Anthropic",
+        "credentialsSecretRef": {"name": "anthropic-api", "key": "api-key"}}}}});
+    policies.patch("default", &PatchParams::default(), &Patch::Merge(&fix)).await.unwrap();
+    eventually("scout's SummarizerReady=True", MINUTE, || async {
+        let condition = summarizer_condition(agents.get("scout").await.ok()?)?;
+        (condition.status == "True").then_some(())
     })
     .await;
     namespace.delete().await.unwrap();
