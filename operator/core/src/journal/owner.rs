@@ -67,7 +67,7 @@ pub enum OwnerError {
         /// The data directory.
         dir: PathBuf,
         /// Its recorded owner.
-        owner: JournalOwner,
+        owner: Box<JournalOwner>,
         /// The claimant's UID.
         claimant: String,
     },
@@ -119,7 +119,7 @@ pub fn bind_owner(storage: &dyn Storage, dir: &Path, claimant: Claimant<'_>) -> 
         Some(owner) => {
             return Err(OwnerError::Foreign {
                 dir: dir.to_path_buf(),
-                owner,
+                owner: Box::new(owner),
                 claimant: claimant.agent_uid.to_string(),
             });
         }

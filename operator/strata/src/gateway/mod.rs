@@ -138,7 +138,8 @@ fn serve(listener: TcpListener, router: axum::Router, mut stop: watch::Receiver<
 /// listeners and starts serving.
 pub async fn start(args: &GatewayArgs) -> Result<RunningGateway, StartError> {
     let settings = config::Settings::load(&args.config)?;
-    bind_journal(&settings.config.agent, &args.data_dir)?;
+    bind_journal(&settings.config.agent, &args.data_dir)
+        .map_err(|cause| StartError::JournalOwner { path: args.data_dir.clone(), cause })?;
     let engine = strata_core::session::SessionEngine::open(
         &args.data_dir,
         &settings.session,
@@ -186,7 +187,7 @@ pub async fn start(args: &GatewayArgs) -> Result<RunningGateway, StartError> {
 fn bind_journal(
     agent: &strata_api::gateway_config::AgentIdentity,
     data_dir: &std::path::Path,
-) -> Result<(), StartError> {
+) -> Result<(), strata_core::journal::OwnerError> {
     use strata_core::journal::{Binding, Claimant, StdStorage, bind_owner};
     let Some(uid) = agent.uid.as_deref() else { return Ok(()) };
     let name = format!("{}/{}", agent.namespace, agent.name);
@@ -196,8 +197,7 @@ fn bind_journal(
         adopt_from_uid: agent.adopt_journal_from_uid.as_deref(),
         now_ms: strata_core::session::now_ms(),
     };
-    let binding = bind_owner(&StdStorage, data_dir, claimant)
-        .map_err(|cause| StartError::JournalOwner { path: data_dir.to_path_buf(), cause })?;
+    let binding = bind_owner(&StdStorage, data_dir, claimant)?;
     match binding {
         Binding::Owned => {}
         Binding::Created => tracing::info!(agent = %name, %uid, "journal: bound a new journal to this Agent"),
