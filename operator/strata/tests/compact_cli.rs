@@ -504,3 +504,35 @@ fn the_summariser_gets_its_own_provider_endpoint_and_key() {
     );
     assert_eq!(upstream.requests.lock().unwrap().len(), 1, "the summariser's own endpoint was called");
 }
+
+#[test]
+fn another_agents_journal_is_not_compacted() {
+    use strata_core::journal::{Claimant, bind_owner};
+    let agent = agent();
+    let claimant = Claimant {
+        agent_uid: "uid-of-the-old-builder",
+        agent: "rateright/builder",
+        adopt_from_uid: None,
+        now_ms: 1,
+    };
+    bind_owner(&StdStorage, &agent.data, claimant).unwrap();
+    let path = config(&agent, Provider::OpenAI, "http://127.0.0.1:9/v1", 200_000, 10);
+    let mut config: GatewayConfig = serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
+    config.agent.uid = Some("uid-of-the-new-builder".into());
+    std::fs::write(&path, serde_json::to_vec(&config).unwrap()).unwrap();
+    let before = current(&agent);
+    let args = ["--mode", "TaskBoundary", "--summarizer", "extractive", "--config", path.to_str().unwrap()];
+    let refused = compact(&agent, &args);
+    assert_eq!(refused.status.code(), Some(64), "{}", stderr(&refused));
+    assert!(
+        stderr(&refused).contains("belongs to Agent rateright/builder (uid uid-of-the-old-builder)"),
+        "{}",
+        stderr(&refused)
+    );
+    assert_eq!(current(&agent), before, "nothing changed");
+
+    config.agent.adopt_journal_from_uid = Some("uid-of-the-old-builder".into());
+    std::fs::write(&path, serde_json::to_vec(&config).unwrap()).unwrap();
+    let adopted = compact(&agent, &args);
+    assert!(adopted.status.success(), "an adopting Agent may compact it: {}", stderr(&adopted));
+}

@@ -15,6 +15,7 @@ use strata_core::compaction::{
 use strata_core::entry::EntryId;
 use strata_core::journal::{
     Journal, JournalError, JournalOptions, Snapshot, StdStorage, describe_holder, read_current_generation,
+    read_owner,
 };
 use strata_core::purge::PurgeRequest;
 use strata_core::tokens::{TokenCounter, TokenizerKind};
@@ -31,6 +32,8 @@ struct Plan {
     counter: TokenCounter,
     llm: Option<LlmSettings>,
     now_ms: u64,
+    /// The Agent of `--config` (its UID, and a UID it adopts the journal from), if it names one.
+    agent: Option<(String, Option<String>)>,
 }
 
 /// Who commits: this process (it holds the writer lock) or the gateway (via a proposal).
@@ -49,6 +52,7 @@ pub async fn run(args: &CompactArgs) -> Result<CompactionRecord, CompactFailure>
             dir.display()
         )));
     }
+    check_owner(dir, &plan)?;
     let storage = Arc::new(StdStorage);
     let store = ArtifactStore::new(storage.clone(), dir.join("artifacts"));
     let mut options = JournalOptions::new("strata compact", plan.now_ms);
@@ -106,6 +110,24 @@ pub async fn run(args: &CompactArgs) -> Result<CompactionRecord, CompactFailure>
     };
     write_record(storage.as_ref(), dir, &record)?;
     Ok(record)
+}
+
+/// Refuse a journal whose `OWNER` names another Agent than the one of `--config` (unless that
+/// Agent adopts it): a compaction never rewrites another agent's history.
+fn check_owner(dir: &Path, plan: &Plan) -> Result<(), CompactFailure> {
+    let Some((uid, adopt_from)) = &plan.agent else { return Ok(()) };
+    let owner = read_owner(&StdStorage, dir).map_err(|error| CompactFailure::Usage(error.to_string()))?;
+    match owner {
+        Some(owner) if &owner.agent_uid != uid && adopt_from.as_deref() != Some(owner.agent_uid.as_str()) => {
+            Err(CompactFailure::Usage(format!(
+                "the journal in {} belongs to Agent {} (uid {}), not to the Agent of --config (uid {uid}); refusing to compact another agent's history",
+                dir.display(),
+                owner.agent,
+                owner.agent_uid
+            )))
+        }
+        _ => Ok(()),
+    }
 }
 
 fn usage(message: &str) -> CompactFailure {
@@ -262,7 +284,11 @@ fn resolve(args: &CompactArgs) -> Result<Plan, CompactFailure> {
     let counter = TokenCounter::new(tokenizer)
         .map_err(|error| CompactFailure::Usage(format!("tokenizer {tokenizer}: {error}")))?;
     let now_ms = SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_millis() as u64).unwrap_or(0);
-    Ok(Plan { settings, tenant, retain_generations: retain_generations.max(1), counter, llm, now_ms })
+    let agent = config.as_ref().and_then(|c| {
+        let uid = c.agent.uid.clone()?;
+        Some((uid, c.agent.adopt_journal_from_uid.clone()))
+    });
+    Ok(Plan { settings, tenant, retain_generations: retain_generations.max(1), counter, llm, now_ms, agent })
 }
 
 fn check_mode_arguments(args: &CompactArgs) -> Result<(), CompactFailure> {
