@@ -116,7 +116,7 @@ fi
 (
   while [ ! -f "$WORK/stop" ]; do
     KUBECONFIG=$WORK/controller.kubeconfig POD_NAME=strata-e2e-a POD_NAMESPACE=strata-system \
-      RUST_LOG=$LOG NO_COLOR=1 \
+      RUST_LOG=$LOG \
       "$STRATA_BIN" controller --metrics-listen "127.0.0.1:$METRICS_PORT" --resync-seconds "$RESYNC" \
       --gateway-image strata-e2e/strata:dev >>"$WORK/controller-a.log" 2>&1 &
     echo $! >"$WORK/controller.pid"

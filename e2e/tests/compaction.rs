@@ -288,3 +288,46 @@ async fn purge_budget_and_rollback_run_end_to_end_with_real_strata_compact_recor
     assert!(Path::new(&volume.root).exists());
     namespace.delete().await.unwrap();
 }
+
+#[tokio::test]
+#[cfg_attr(not(strata_e2e), ignore = "needs a cluster: set STRATA_E2E_KUBECONFIG")]
+async fn a_failed_compaction_says_why_in_its_condition_and_an_event() {
+    let client = client().await.unwrap();
+    let (namespace, _agents) = builder(&client, "failed").await;
+    let ns = &namespace.name;
+    let volume = Volume::new(&client, ns).await;
+    let compactions: Api<CompactionJob> = Api::namespaced(client.clone(), ns);
+    let rollback = compaction(
+        "rollback-to-nowhere",
+        json!({"agentRef": {"name": "builder"}, "mode": "Rollback", "rollback": {"toGeneration": 99}}),
+    );
+    compactions.create(&PostParams::default(), &rollback).await.unwrap();
+    let job = job_of(&client, &compactions, ns, "rollback-to-nowhere").await;
+    // The real `strata compact` fails on this volume, and writes why into its termination log.
+    let (code, message) = volume.run(&job);
+    assert_eq!(code, 64, "{message}");
+    assert!(message.contains("generation"), "{message}");
+    finish_pod(&client, ns, job.metadata.name.as_deref().unwrap(), code, &message).await;
+
+    let failed = phase_of(&compactions, "rollback-to-nowhere", CompactionPhase::Failed).await;
+    let status = failed.status.unwrap();
+    assert_eq!(status.reason.as_deref(), Some("InvalidRequest"));
+    let condition = status.conditions.iter().find(|c| c.type_ == "Failed").expect("a Failed condition");
+    assert_eq!((condition.status.as_str(), condition.reason.as_str()), ("True", "InvalidRequest"));
+    assert!(condition.message.starts_with("strata compact exited with code 64: "), "{}", condition.message);
+    let why = message.trim().trim_start_matches("strata compact: ");
+    assert!(condition.message.contains(why), "{} does not carry {why}", condition.message);
+
+    let events: Api<k8s_openapi::api::events::v1::Event> = Api::namespaced(client.clone(), ns);
+    let event = eventually("a Warning Event on the CompactionJob", MINUTE, || async {
+        let list = events.list(&ListParams::default()).await.ok()?;
+        list.items.into_iter().find(|e| {
+            e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some("rollback-to-nowhere")
+                && e.reason.as_deref() == Some("InvalidRequest")
+        })
+    })
+    .await;
+    assert_eq!(event.type_.as_deref(), Some("Warning"));
+    assert_eq!(event.note.as_deref(), Some(condition.message.as_str()));
+    namespace.delete().await.unwrap();
+}

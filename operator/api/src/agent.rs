@@ -210,6 +210,11 @@ pub struct StorageSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(min = 1, max = 253))]
     pub storage_class_name: Option<String>,
+    /// Keep the journal claim when the Agent is deleted. Default false: the claim (the agent's
+    /// whole history) is deleted with the Agent. A kept journal is bound to this Agent's UID; a new
+    /// Agent uses it only with the annotation `strata.dev/adopt-journal-from-uid: <this UID>`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub retain_on_delete: Option<bool>,
 }
 
 /// Cache-affinity placement.

@@ -111,6 +111,15 @@ pub struct EffectiveSummarizer {
     pub model: Option<String>,
     /// Summary size bound.
     pub max_summary_tokens: u32,
+    /// Provider; `None` means the Agent's own.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub provider: Option<crate::agent::Provider>,
+    /// Base URL; `None` means the Agent's (same provider) or the provider's public endpoint.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub endpoint: Option<String>,
+    /// API key Secret; `None` means the Agent's own credentials.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub credentials_secret_ref: Option<crate::refs::LocalKeyRef>,
 }
 
 /// Resolved caching.
@@ -180,7 +189,13 @@ impl Default for EffectivePolicy {
                 trigger_percent: 85,
                 keep_recent_entries: 8,
                 retain_generations: 3,
-                summarizer: EffectiveSummarizer { model: None, max_summary_tokens: 4096 },
+                summarizer: EffectiveSummarizer {
+                    model: None,
+                    max_summary_tokens: 4096,
+                    provider: None,
+                    endpoint: None,
+                    credentials_secret_ref: None,
+                },
                 required_fields: vec![
                     CompactedStateField::ActiveObjective,
                     CompactedStateField::HardConstraints,

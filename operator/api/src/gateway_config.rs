@@ -46,6 +46,14 @@ pub struct AgentIdentity {
     /// Privacy scope recorded on cache keys and compactions.
     #[serde(default = "default_privacy_scope")]
     pub privacy_scope: String,
+    /// `metadata.uid` of the Agent: the gateway binds the journal to it and refuses a journal that
+    /// another Agent created. Absent for a gateway run by hand (no binding).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub uid: Option<String>,
+    /// The UID of an earlier Agent whose journal this one takes over on purpose (the Agent's
+    /// `strata.dev/adopt-journal-from-uid` annotation).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub adopt_journal_from_uid: Option<String>,
 }
 
 fn default_privacy_scope() -> String {
@@ -146,6 +154,8 @@ mod tests {
                 name: "builder".into(),
                 namespace: "rateright".into(),
                 privacy_scope: "tenant".into(),
+                uid: None,
+                adopt_journal_from_uid: None,
             },
             upstream: UpstreamConfig {
                 provider: Provider::Anthropic,

@@ -217,14 +217,31 @@ pub struct CompactionSpec {
     pub required_fields: Option<Vec<CompactedStateField>>,
 }
 
-/// The summariser model.
+/// The summariser model, and where it is reached (by default: the Agent's own provider, endpoint
+/// and credentials).
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, KubeSchema)]
 #[serde(rename_all = "camelCase")]
+#[x_kube(
+    validation = Rule::new("!has(self.provider) || self.provider != 'OpenAICompatible' || has(self.endpoint)")
+        .message("compaction.summarizer.endpoint is required when compaction.summarizer.provider is OpenAICompatible: set it to the server's base URL"),
+)]
 pub struct SummarizerSpec {
-    /// Model name at the Agent's provider, e.g. gpt-4.1-mini. Empty means extractive.
+    /// Model name at the summariser's provider, e.g. gpt-4.1-mini. Empty means extractive.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(min = 1, max = 253))]
     pub model: Option<String>,
+    /// Provider API of the summariser; default: each Agent's own provider.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub provider: Option<crate::agent::Provider>,
+    /// Base URL of the summariser; default: the Agent's endpoint when the provider is the Agent's,
+    /// else the provider's public endpoint.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 2048), regex(pattern = r"^https?://"))]
+    pub endpoint: Option<String>,
+    /// Secret key (in the Agent's namespace) holding the summariser's API key; default: the Agent's
+    /// own credentials. Required when the provider differs from the Agent's.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub credentials_secret_ref: Option<crate::refs::LocalKeyRef>,
     /// Upper bound on the summary's length. Default 4096.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = 256, max = 200_000))]

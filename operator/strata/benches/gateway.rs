@@ -122,6 +122,8 @@ fn config(fake: SocketAddr) -> GatewayConfig {
             name: "bench".into(),
             namespace: "bench".into(),
             privacy_scope: "tenant".into(),
+            uid: None,
+            adopt_journal_from_uid: None,
         },
         upstream: UpstreamConfig {
             provider: Provider::OpenAI,

@@ -6,5 +6,6 @@ pub mod crdgen;
 pub mod engine_policy;
 pub mod gateway;
 pub mod inspector;
+pub mod logging;
 pub mod plugin;
 pub mod replay;

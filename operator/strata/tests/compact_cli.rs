@@ -156,6 +156,8 @@ fn config(agent: &Agent, provider: Provider, endpoint: &str, context_window: u32
             name: "builder".into(),
             namespace: "rateright".into(),
             privacy_scope: "tenant".into(),
+            uid: None,
+            adopt_journal_from_uid: None,
         },
         upstream: UpstreamConfig {
             provider,
@@ -461,4 +463,76 @@ fn beside_a_live_writer_the_compaction_is_proposed_and_nothing_is_lost_or_duplic
     for id in before.iter().chain(&appended) {
         assert!(present.contains(id) != removed.contains(id), "{id} lost or duplicated");
     }
+}
+
+#[test]
+fn the_summariser_gets_its_own_provider_endpoint_and_key() {
+    let agent = agent();
+    let good = serde_json::to_string(&good_state(&agent)).unwrap();
+    let (upstream, url) = with_upstream(vec![Reply::Content(good)], String::new());
+    // The agent talks to OpenAI (here: nowhere); its summariser is an Anthropic model with its own key.
+    let path = config(&agent, Provider::OpenAI, "http://127.0.0.1:9/v1", 200_000, 10);
+    let mut config: GatewayConfig = serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
+    let summarizer = &mut config.policy.compaction.summarizer;
+    summarizer.provider = Some(Provider::Anthropic);
+    summarizer.endpoint = Some(url.trim_end_matches("/v1").to_string());
+    std::fs::write(&path, serde_json::to_vec(&config).unwrap()).unwrap();
+    let config_arg = path.to_str().unwrap();
+
+    let refused = compact(&agent, &["--mode", "Budget", "--config", config_arg]);
+    assert_eq!(refused.status.code(), Some(64), "{}", stderr(&refused));
+    assert!(
+        stderr(&refused).contains("refusing to send the agent's API key to another provider"),
+        "{}",
+        stderr(&refused)
+    );
+    assert!(upstream.requests.lock().unwrap().is_empty());
+
+    config.policy.compaction.summarizer.credentials_secret_ref =
+        Some(strata_api::refs::LocalKeyRef { name: "anthropic-api".into(), key: "api-key".into() });
+    std::fs::write(&path, serde_json::to_vec(&config).unwrap()).unwrap();
+    let key = agent.root.join("summarizer-key");
+    std::fs::write(&key, "sk-ant-summarizer\n").unwrap();
+    let output = compact(
+        &agent,
+        &["--mode", "Budget", "--config", config_arg, "--summarizer-api-key-file", key.to_str().unwrap()],
+    );
+    assert!(output.status.success(), "{}", stderr(&output));
+    assert_eq!(
+        records(&agent, &output).model_or_service_version.as_deref(),
+        Some("anthropic:fake-summarizer")
+    );
+    assert_eq!(upstream.requests.lock().unwrap().len(), 1, "the summariser's own endpoint was called");
+}
+
+#[test]
+fn another_agents_journal_is_not_compacted() {
+    use strata_core::journal::{Claimant, bind_owner};
+    let agent = agent();
+    let claimant = Claimant {
+        agent_uid: "uid-of-the-old-builder",
+        agent: "rateright/builder",
+        adopt_from_uid: None,
+        now_ms: 1,
+    };
+    bind_owner(&StdStorage, &agent.data, claimant).unwrap();
+    let path = config(&agent, Provider::OpenAI, "http://127.0.0.1:9/v1", 200_000, 10);
+    let mut config: GatewayConfig = serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
+    config.agent.uid = Some("uid-of-the-new-builder".into());
+    std::fs::write(&path, serde_json::to_vec(&config).unwrap()).unwrap();
+    let before = current(&agent);
+    let args = ["--mode", "TaskBoundary", "--summarizer", "extractive", "--config", path.to_str().unwrap()];
+    let refused = compact(&agent, &args);
+    assert_eq!(refused.status.code(), Some(64), "{}", stderr(&refused));
+    assert!(
+        stderr(&refused).contains("belongs to Agent rateright/builder (uid uid-of-the-old-builder)"),
+        "{}",
+        stderr(&refused)
+    );
+    assert_eq!(current(&agent), before, "nothing changed");
+
+    config.agent.adopt_journal_from_uid = Some("uid-of-the-old-builder".into());
+    std::fs::write(&path, serde_json::to_vec(&config).unwrap()).unwrap();
+    let adopted = compact(&agent, &args);
+    assert!(adopted.status.success(), "an adopting Agent may compact it: {}", stderr(&adopted));
 }

@@ -1,6 +1,6 @@
 //! The Agent controller against a fake apiserver (tower-test): first pass creates the children,
 //! a second pass writes nothing, missing references leave running children alone, conflicts
-//! requeue, orphans are deleted, and high context use creates a Budget CompactionJob.
+//! requeue, orphans the Agent controls (by UID) are deleted and look-alikes are not, and high context use creates a Budget CompactionJob.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod controller_support;
@@ -12,7 +12,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
 use serde_json::{Value, json};
 use strata::controller::agent::{ReconcileReport, reconcile_agent};
-use strata::controller::child_index::ChildKind;
+use strata::controller::child_index::{ChildKind, Ownership};
 use strata::controller::context::Context;
 use strata::controller::error::Error;
 use strata_api::agent::{AgentStatus, ContextStatus};
@@ -98,7 +98,9 @@ async fn first_pass_applies_every_child_then_writes_status() {
         [
             ("Ready".into(), "False".into()),
             ("ReferencesResolved".into(), "True".into()),
-            ("PolicyResolved".into(), "True".into())
+            ("PolicyResolved".into(), "True".into()),
+            ("JournalBound".into(), "True".into()),
+            ("SummarizerReady".into(), "True".into())
         ]
     );
 }
@@ -188,18 +190,40 @@ async fn a_conflict_is_an_error_that_requeues_quickly() {
     );
 }
 
+fn controlled_by(uid: Option<&str>) -> Ownership {
+    Ownership { controller_uid: uid.map(String::from), ..Ownership::default() }
+}
+
 #[tokio::test]
-async fn children_not_built_this_round_are_deleted() {
+async fn children_not_built_this_round_are_deleted_only_when_the_agent_controls_them() {
     let (client, server) = FakeApiServer::start(Box::new(|_| None));
     let caches = fleet_caches(Vec::new(), true);
-    caches.children.record(ChildKind::ConfigMap, NAMESPACE, "builder", "builder-gateway-v0", None);
+    let builder = agent("builder");
+    let uid = builder.metadata.uid.clone().unwrap();
+    let index = &caches.children;
+    index.observe(
+        ChildKind::ConfigMap,
+        NAMESPACE,
+        "builder",
+        "builder-gateway-v0",
+        None,
+        controlled_by(Some(&uid)),
+    );
+    // A user's look-alike: the Agent's labels, no ownerReference.
+    index.observe(ChildKind::Service, NAMESPACE, "builder", "builder-lookalike", None, controlled_by(None));
+    // Left by an earlier Agent of the same name (another UID).
+    let earlier = "11111111-0000-4000-8000-000000000000";
+    index.observe(ChildKind::Role, NAMESPACE, "builder", "builder-old", None, controlled_by(Some(earlier)));
     let ctx = context(client, caches);
-    let report = run(&agent("builder"), &ctx).await.unwrap();
+    let report = run(&builder, &ctx).await.unwrap();
     assert_eq!(report.deleted, 1);
     let deletes: Vec<String> =
         server.writes().into_iter().filter(|w| w.method == "DELETE").map(|w| w.path).collect();
     assert_eq!(deletes, ["/api/v1/namespaces/rateright/configmaps/builder-gateway-v0"]);
-    assert_eq!(ctx.caches.children.children_of(NAMESPACE, "builder").len(), 7);
+    let left: Vec<String> =
+        ctx.caches.children.children_of(NAMESPACE, "builder").into_iter().map(|c| c.name).collect();
+    assert_eq!(left.len(), 9, "the seven children and the two objects that are not the Agent's: {left:?}");
+    assert!(left.contains(&"builder-lookalike".to_string()) && left.contains(&"builder-old".to_string()));
 }
 
 #[tokio::test]
@@ -320,4 +344,96 @@ async fn an_unsynced_cache_retries_without_touching_the_cluster() {
     let error = run(&agent("builder"), &ctx).await.unwrap_err();
     assert!(matches!(error, Error::CacheNotReady("children")), "{error:?}");
     assert!(server.requests().is_empty());
+}
+
+/// The apiserver's answer to a create in a namespace being deleted (as kube-apiserver v1.36 sends it).
+fn namespace_terminating_body() -> Value {
+    json!({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
+           "message": "serviceaccounts \"builder\" is forbidden: unable to create new content in namespace rateright because it is being terminated",
+           "reason": "Forbidden", "code": 403,
+           "details": {"name": "builder", "kind": "serviceaccounts", "causes": [{
+               "reason": "NamespaceTerminating",
+               "message": "namespace rateright is being terminated", "field": "metadata.namespace"}]}})
+}
+
+#[tokio::test]
+async fn a_namespace_being_deleted_is_neither_a_failure_nor_retried_hot() {
+    let (client, server) = FakeApiServer::start(Box::new(|seen| {
+        (seen.method == "PATCH").then(|| (403, namespace_terminating_body()))
+    }));
+    let ctx = context(client, fleet_caches(Vec::new(), true));
+    let error = run(&agent("builder"), &ctx).await.unwrap_err();
+    assert!(
+        matches!(&error, Error::NamespaceTerminating { namespace, .. } if namespace == NAMESPACE),
+        "{error:?}"
+    );
+    assert_eq!(server.writes().len(), 1, "the first refusal stops the reconcile: {:?}", server.writes());
+
+    let metrics = strata::controller::metrics::Metrics::new().unwrap();
+    let settled = metrics
+        .track("agent", async {
+            strata::controller::error::settle_namespace_terminating(Err(error), ctx.settings.resync_interval)
+        })
+        .await
+        .unwrap();
+    assert_eq!(settled, kube::runtime::controller::Action::requeue(ctx.settings.resync_interval));
+    let text = metrics.render();
+    assert!(!text.contains("strata_controller_reconcile_errors_total{"), "not counted as a failure: {text}");
+
+    // A plain 403 (RBAC) is still a failure with reason="forbidden".
+    let rbac = kube::Error::Api(serde_json::from_value(status_body(403, "Forbidden")).unwrap());
+    let error = Error::kube("applying ServiceAccount rateright/builder", rbac);
+    assert_eq!(error.metric_label(), "forbidden");
+    assert!(
+        strata::controller::error::settle_namespace_terminating(Err(error), ctx.settings.resync_interval)
+            .is_err()
+    );
+}
+
+#[tokio::test]
+async fn nothing_is_applied_into_a_namespace_the_cache_shows_deleting() {
+    let (client, server) = FakeApiServer::start(Box::new(|_| None));
+    let mut caches = fleet_caches(Vec::new(), true);
+    let mut namespace = namespace_meta();
+    namespace.metadata.deletion_timestamp = Some(Time(fixed_now()));
+    caches.namespaces = filled_store(vec![namespace]);
+    let ctx = context(client, caches);
+    let report = run(&agent("builder"), &ctx).await.unwrap();
+    assert_eq!(report.writes(), 0);
+    assert!(server.requests().is_empty(), "{:?}", server.requests());
+}
+
+#[tokio::test]
+async fn a_journal_refused_by_the_gateway_is_a_condition_and_a_warning_event() {
+    let refusal = "strata: data dir /var/lib/strata: the journal in /var/lib/strata belongs to Agent rateright/builder (uid old), not to this Agent (uid new): refusing to serve another agent's history. Delete the claim to start empty, or adopt the journal on purpose by annotating the Agent strata.dev/adopt-journal-from-uid=old";
+    let (client, server) = FakeApiServer::start(Box::new(move |seen| {
+        seen.path.ends_with("/pods/builder-0").then(|| {
+            (200, json!({"apiVersion": "v1", "kind": "Pod",
+                "metadata": {"name": "builder-0", "namespace": NAMESPACE},
+                "spec": {"containers": []},
+                "status": {"phase": "Running", "containerStatuses": [{
+                    "name": "gateway", "image": "x", "imageID": "", "ready": false, "restartCount": 4,
+                    "state": {"waiting": {"reason": "CrashLoopBackOff"}},
+                    "lastState": {"terminated": {"exitCode": 1, "reason": "Error", "message": format!("{refusal}\n")}}}]}}))
+        })
+    }));
+    let ctx = context(client, fleet_caches(Vec::new(), true));
+    run(&agent("builder"), &ctx).await.unwrap();
+    let status = status_from(&server);
+    assert_eq!(status.phase, Some(strata_api::agent::AgentPhase::Degraded));
+    let bound = status.conditions.iter().find(|c| c.type_ == "JournalBound").unwrap();
+    assert_eq!((bound.status.as_str(), bound.reason.as_str()), ("False", "ForeignJournal"));
+    assert!(bound.message.contains("belongs to Agent rateright/builder (uid old)"), "{}", bound.message);
+    let ready = status.conditions.iter().find(|c| c.type_ == "Ready").unwrap();
+    assert_eq!(ready.reason, "ForeignJournal");
+    let event = server
+        .writes()
+        .into_iter()
+        .find(|w| w.path.contains("/apis/events.k8s.io/v1/"))
+        .expect("a Warning Event on the Agent");
+    assert_eq!(
+        (event.body["type"].as_str(), event.body["reason"].as_str()),
+        (Some("Warning"), Some("ForeignJournal"))
+    );
+    assert_eq!(event.body["regarding"]["kind"], "Agent");
 }

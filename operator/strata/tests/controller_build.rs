@@ -248,6 +248,32 @@ fn a_model_change_rolls_the_pod() {
 }
 
 #[test]
+fn the_journal_claim_is_deleted_with_the_agent_unless_kept_and_the_journal_is_bound_to_its_uid() {
+    let builder = agent("builder");
+    let policy = |agent: &Agent| {
+        let retention =
+            children(agent).stateful_set.spec.unwrap().persistent_volume_claim_retention_policy.unwrap();
+        (retention.when_deleted.unwrap(), retention.when_scaled.unwrap())
+    };
+    assert_eq!(policy(&builder), ("Delete".to_string(), "Retain".to_string()));
+    let mut kept = builder.clone();
+    kept.spec.storage.get_or_insert_default().retain_on_delete = Some(true);
+    assert_eq!(policy(&kept), ("Retain".to_string(), "Retain".to_string()));
+
+    let config = |agent: &Agent| {
+        let json = children(agent).config_map.data.unwrap()["gateway.json"].clone();
+        GatewayConfig::from_json(json.as_bytes()).unwrap()
+    };
+    assert_eq!(config(&builder).agent.uid, builder.metadata.uid);
+    assert_eq!(config(&builder).agent.adopt_journal_from_uid, None);
+    let mut adopting = builder.clone();
+    adopting.metadata.annotations = Some(
+        [("strata.dev/adopt-journal-from-uid".to_string(), " uid-of-the-old-builder ".to_string())].into(),
+    );
+    assert_eq!(config(&adopting).agent.adopt_journal_from_uid.as_deref(), Some("uid-of-the-old-builder"));
+}
+
+#[test]
 fn suspend_scales_to_zero_and_keeps_the_journal_claim() {
     let mut suspended = agent("ledger");
     suspended.spec.suspend = Some(true);
@@ -328,4 +354,57 @@ fn golden_yaml_parses_back_to_the_same_objects() {
         kinds,
         ["ServiceAccount", "Role", "RoleBinding", "ConfigMap", "Service", "NetworkPolicy", "StatefulSet"]
     );
+}
+
+#[test]
+fn every_sample_agents_summariser_can_work() {
+    for agent in fleet() {
+        let valid = validated(&agent);
+        let summarizer = &valid.resolution.policy.compaction.summarizer;
+        assert_eq!(summarizer.model.as_deref(), Some("claude-3-5-haiku-20241022"));
+        let problem = strata::controller::agent::validate::summarizer_problem(&agent, summarizer);
+        assert!(problem.is_none(), "{:?}: {problem:?}", agent.metadata.name);
+    }
+}
+
+#[test]
+fn a_summariser_that_cannot_work_is_named_with_what_to_do() {
+    use strata::controller::agent::validate::summarizer_problem;
+    use strata_api::agent::Provider;
+    use strata_api::effective::EffectiveSummarizer;
+    let scout = agent("scout");
+    assert_eq!(scout.spec.model.provider, Provider::OpenAI);
+    let base = EffectiveSummarizer {
+        model: Some("claude-3-5-haiku-20241022".into()),
+        max_summary_tokens: 4096,
+        provider: None,
+        endpoint: None,
+        credentials_secret_ref: None,
+    };
+    // The case: an Anthropic model for the whole namespace, sent to an OpenAI agent's provider.
+    let problem = summarizer_problem(&scout, &base).expect("an Anthropic model sent to OpenAI");
+    assert_eq!((problem.condition, problem.reason), ("SummarizerReady", "SummarizerUnavailable"));
+    assert!(
+        problem
+            .message
+            .contains("is a anthropic model, but compactions would send it to openai (the agent's provider)"),
+        "{}",
+        problem.message
+    );
+    // Its own provider but the agent's (OpenAI) key: refused.
+    let own_provider = EffectiveSummarizer { provider: Some(Provider::Anthropic), ..base.clone() };
+    let problem = summarizer_problem(&scout, &own_provider).unwrap();
+    assert!(problem.message.contains("credentialsSecretRef"), "{}", problem.message);
+    let with_key = EffectiveSummarizer {
+        credentials_secret_ref: Some(strata_api::refs::LocalKeyRef {
+            name: "anthropic-api".into(),
+            key: "api-key".into(),
+        }),
+        ..own_provider
+    };
+    assert!(summarizer_problem(&scout, &with_key).is_none());
+    // An OpenAI model at the agent's own provider, and the extractive summariser, are fine.
+    let openai = EffectiveSummarizer { model: Some("gpt-4.1-mini".into()), ..base.clone() };
+    assert!(summarizer_problem(&scout, &openai).is_none());
+    assert!(summarizer_problem(&scout, &EffectiveSummarizer { model: None, ..base }).is_none());
 }

@@ -128,6 +128,9 @@ async fn the_job_runs_strata_compact_on_the_agents_volume_pinned_to_its_node() {
     assert_eq!(job["metadata"]["ownerReferences"][0]["kind"], "CompactionJob");
     let spec = &job["spec"];
     assert_eq!(spec["backoffLimit"], 2);
+    let rule = &spec["podFailurePolicy"]["rules"][0];
+    assert_eq!(rule["action"], "FailJob", "a retry cannot fix a bad request or a damaged journal");
+    assert_eq!(rule["onExitCodes"]["values"], json!([2, 64, 65]));
     assert_eq!(spec["activeDeadlineSeconds"], 1800);
     let pod = &spec["template"]["spec"];
     assert_eq!(pod["nodeSelector"]["kubernetes.io/hostname"], "node-a");
@@ -221,10 +224,14 @@ fn finished_job(condition: &str) -> Value {
 }
 
 fn pods_with_message(message: &str) -> Value {
+    pods_with_exit(0, message)
+}
+
+fn pods_with_exit(exit_code: i32, message: &str) -> Value {
     json!({"apiVersion": "v1", "kind": "PodList", "metadata": {}, "items": [{
         "metadata": {"name": "job-pod"},
         "status": {"containerStatuses": [{"name": "compact", "image": "x", "imageID": "", "ready": false, "restartCount": 0,
-            "state": {"terminated": {"exitCode": 0, "message": message, "finishedAt": "2025-10-09T19:00:00Z"}}}]}}]})
+            "state": {"terminated": {"exitCode": exit_code, "reason": "Error", "message": message, "finishedAt": "2025-10-09T19:00:00Z"}}}]}}]})
 }
 
 fn running(job: &mut CompactionJob) {
@@ -250,7 +257,7 @@ async fn the_termination_message_becomes_the_record_and_the_agents_last_compacti
     assert!(list.query.contains("labelSelector=job-name"), "{}", list.query);
     let status = status_written(&server);
     assert_eq!(status.phase, Some(CompactionPhase::Succeeded));
-    let record = status.record.unwrap();
+    let record = status.record.clone().unwrap();
     assert_eq!(
         (record.compaction_id.as_str(), record.tokens_before, record.tokens_after),
         ("cmp:builder:7", 171_000, 23_000)
@@ -267,6 +274,8 @@ async fn the_termination_message_becomes_the_record_and_the_agents_last_compacti
     assert_eq!(last["compactionId"], "cmp:builder:7");
     assert_eq!(last["tokensAfter"], 23_000);
     assert_eq!(events(&server)[0]["reason"], "Compacted");
+    let complete = status.conditions.iter().find(|c| c.type_ == "Complete").expect("a Complete condition");
+    assert_eq!(complete.status, "True");
 }
 
 #[tokio::test]
@@ -286,6 +295,55 @@ async fn a_failed_check_or_a_crash_fails_the_job_without_touching_the_agent() {
         assert!(!server.writes().iter().any(|w| w.path.contains("/agents/")), "{reason}");
         assert_eq!(events(&server)[0]["type"], "Warning");
     }
+}
+
+#[tokio::test]
+async fn a_failed_compactions_reason_reaches_its_condition_and_event() {
+    let mut job = sample_job();
+    running(&mut job);
+    let error = "strata compact: summariser claude-haiku-4-5 failed: HTTP 404 from https://api.openai.com/v1: model not found; nothing changed";
+    let (client, server) =
+        FakeApiServer::start(cluster(Some(finished_job("Failed")), pods_with_exit(69, error)));
+    let ctx = context(client, fleet_caches(vec![job.clone()], true));
+    reconcile_compaction(&job, &ctx).await.unwrap();
+    let status = status_written(&server);
+    assert_eq!(status.phase, Some(CompactionPhase::Failed));
+    assert_eq!(status.reason.as_deref(), Some("SummarizerUnavailable"));
+    let failed = status.conditions.iter().find(|c| c.type_ == "Failed").expect("a Failed condition");
+    assert_eq!((failed.status.as_str(), failed.reason.as_str()), ("True", "SummarizerUnavailable"));
+    assert!(
+        failed.message.starts_with("strata compact exited with code 69: summariser"),
+        "{}",
+        failed.message
+    );
+    assert!(failed.message.contains("model not found"), "{}", failed.message);
+    let event = &events(&server)[0];
+    assert_eq!(
+        (event["type"].as_str(), event["reason"].as_str()),
+        (Some("Warning"), Some("SummarizerUnavailable"))
+    );
+    assert_eq!(event["note"].as_str(), Some(failed.message.as_str()));
+}
+
+#[tokio::test]
+async fn a_job_that_failed_before_its_pod_reported_names_the_jobs_own_reason() {
+    let mut job = sample_job();
+    running(&mut job);
+    let mut failed_job = finished_job("Failed");
+    failed_job["status"]["conditions"][0]["reason"] = json!("DeadlineExceeded");
+    failed_job["status"]["conditions"][0]["message"] = json!("Job was active longer than specified deadline");
+    let (client, server) = FakeApiServer::start(cluster(Some(failed_job), no_pods()));
+    let ctx = context(client, fleet_caches(vec![job.clone()], true));
+    reconcile_compaction(&job, &ctx).await.unwrap();
+    let status = status_written(&server);
+    assert_eq!(status.reason.as_deref(), Some("JobFailed"));
+    let failed = status.conditions.iter().find(|c| c.type_ == "Failed").unwrap();
+    assert!(
+        failed.message.contains("(DeadlineExceeded)")
+            && failed.message.contains("longer than specified deadline"),
+        "{}",
+        failed.message
+    );
 }
 
 #[tokio::test]
@@ -310,4 +368,38 @@ async fn finished_jobs_are_deleted_after_their_ttl() {
     let ctx = context(client, fleet_caches(vec![fresh.clone()], true));
     reconcile_compaction(&fresh, &ctx).await.unwrap();
     assert!(server.requests().is_empty(), "not expired yet: nothing to do");
+}
+
+#[tokio::test]
+async fn the_summarisers_own_key_is_mounted_into_the_job() {
+    use strata::controller::agent::build::build;
+    use strata::controller::agent::validate::{Validation, validate};
+    use strata::controller::prefix_cache::PrefixCache;
+    let builder = agent("builder");
+    let Validation::Valid(valid) =
+        validate(&builder, &inputs_for(&builder), &PrefixCache::default(), &master_key()).unwrap()
+    else {
+        panic!("builder is valid")
+    };
+    let gateway_map = serde_json::to_value(build(&builder, &valid, &settings()).unwrap().config_map).unwrap();
+    let answers = cluster(None, no_pods());
+    let (client, server) = FakeApiServer::start(Box::new(move |seen| {
+        if seen.method == "GET" && seen.path.ends_with("/configmaps/builder-gateway") {
+            return Some((200, gateway_map.clone()));
+        }
+        answers(seen)
+    }));
+    let ctx = context(client, fleet_caches(vec![sample_job()], true));
+    reconcile_compaction(&sample_job(), &ctx).await.unwrap();
+    let created =
+        server.writes().into_iter().find(|w| w.method == "POST" && w.path.ends_with("/jobs")).unwrap();
+    let pod = &created.body["spec"]["template"]["spec"];
+    let volume =
+        pod["volumes"].as_array().unwrap().iter().find(|v| v["name"] == "summarizer-credentials").unwrap();
+    assert_eq!(volume["secret"]["secretName"], "anthropic-api", "the sample policy's summariser key");
+    assert_eq!(volume["secret"]["items"][0]["key"], "api-key");
+    let mounts = pod["containers"][0]["volumeMounts"].as_array().unwrap();
+    let mount = mounts.iter().find(|m| m["name"] == "summarizer-credentials").unwrap();
+    assert_eq!(mount["mountPath"], "/var/run/strata/summarizer");
+    assert_eq!(mount["readOnly"], true);
 }

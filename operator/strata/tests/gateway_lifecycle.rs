@@ -389,3 +389,40 @@ async fn the_user_can_trigger_a_compaction_over_http() {
     assert_eq!(status, 400, "{error}");
     assert!(error.to_string().contains("run as CompactionJobs"), "{error}");
 }
+
+#[tokio::test]
+async fn a_journal_created_by_another_agent_is_refused_until_adopted_on_purpose() {
+    let fake = FakeUpstream::start().await;
+    fake.script([Reply::Text("noted".into())]);
+    let first = Harness::start(&fake, Provider::OpenAI, |config| {
+        config.agent.uid = Some("uid-of-the-first-builder".into());
+    })
+    .await;
+    let (status, _) = first.post_json(CHAT, &user("the first agent's secret plan"), &[]).await;
+    assert_eq!(status, 200);
+    let Harness { dir, config_path, data_dir, gateway, .. } = first;
+    gateway.shutdown().await;
+    let owner = strata_core::journal::read_owner(&StdStorage, &data_dir).unwrap().unwrap();
+    assert_eq!(owner.agent_uid, "uid-of-the-first-builder");
+    assert_eq!(owner.agent, "rateright/builder");
+
+    // A new Agent with the same name (another UID) gets the retained volume.
+    let mut config: strata_api::gateway_config::GatewayConfig =
+        serde_json::from_slice(&std::fs::read(&config_path).unwrap()).unwrap();
+    config.agent.uid = Some("uid-of-the-second-builder".into());
+    write_config(&config_path, &config);
+    let error = strata::gateway::start(&args(&config_path, &data_dir)).await.unwrap_err().to_string();
+    assert!(error.contains("belongs to Agent rateright/builder (uid uid-of-the-first-builder)"), "{error}");
+    assert!(error.contains("refusing to serve another agent's history"), "{error}");
+    assert!(error.contains("strata.dev/adopt-journal-from-uid=uid-of-the-first-builder"), "{error}");
+
+    // Adopting it on purpose, by the previous owner's UID, serves the old history.
+    config.agent.adopt_journal_from_uid = Some("uid-of-the-first-builder".into());
+    write_config(&config_path, &config);
+    let adopted = strata::gateway::start(&args(&config_path, &data_dir)).await.unwrap();
+    let owner = strata_core::journal::read_owner(&StdStorage, &data_dir).unwrap().unwrap();
+    assert_eq!(owner.agent_uid, "uid-of-the-second-builder");
+    assert_eq!(owner.adopted_from_uid.as_deref(), Some("uid-of-the-first-builder"));
+    adopted.shutdown().await;
+    drop(dir);
+}

@@ -6,7 +6,7 @@
 //! proposal and waits (bounded by `--wait-seconds`) for the gateway to commit it; entries the
 //! gateway appends meanwhile are carried over exactly once.
 
-mod exit;
+pub mod exit;
 mod llm;
 mod run;
 
@@ -18,6 +18,9 @@ pub use exit::{
 };
 pub use llm::{LlmSettings, LlmSummarizer};
 use strata_core::compaction::{CompactionMode, QualityCheck, TERMINATION_MESSAGE_LIMIT};
+
+/// Where a compaction Job mounts the summariser's own API key (`compaction.summarizer.credentialsSecretRef`).
+pub const SUMMARIZER_KEY_FILE: &str = "/var/run/strata/summarizer/api-key";
 
 /// Which summariser writes the CompactedState.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -49,6 +52,10 @@ pub struct CompactArgs {
     /// The agent's gateway.json (policy, upstream, tenant).
     #[arg(long, value_name = "PATH")]
     pub config: Option<PathBuf>,
+    /// The summariser's API key, used when the policy gives the summariser its own
+    /// `credentialsSecretRef` (compaction Jobs mount that Secret key here).
+    #[arg(long, value_name = "PATH", default_value = SUMMARIZER_KEY_FILE)]
+    pub summarizer_api_key_file: PathBuf,
     /// Rollback: the retained generation to restore.
     #[arg(long, value_name = "N")]
     pub to_generation: Option<u64>,

@@ -15,6 +15,7 @@ use strata_core::compaction::{
 use strata_core::entry::EntryId;
 use strata_core::journal::{
     Journal, JournalError, JournalOptions, Snapshot, StdStorage, describe_holder, read_current_generation,
+    read_owner,
 };
 use strata_core::purge::PurgeRequest;
 use strata_core::tokens::{TokenCounter, TokenizerKind};
@@ -31,6 +32,8 @@ struct Plan {
     counter: TokenCounter,
     llm: Option<LlmSettings>,
     now_ms: u64,
+    /// The Agent of `--config` (its UID, and a UID it adopts the journal from), if it names one.
+    agent: Option<(String, Option<String>)>,
 }
 
 /// Who commits: this process (it holds the writer lock) or the gateway (via a proposal).
@@ -49,6 +52,7 @@ pub async fn run(args: &CompactArgs) -> Result<CompactionRecord, CompactFailure>
             dir.display()
         )));
     }
+    check_owner(dir, &plan)?;
     let storage = Arc::new(StdStorage);
     let store = ArtifactStore::new(storage.clone(), dir.join("artifacts"));
     let mut options = JournalOptions::new("strata compact", plan.now_ms);
@@ -106,6 +110,24 @@ pub async fn run(args: &CompactArgs) -> Result<CompactionRecord, CompactFailure>
     };
     write_record(storage.as_ref(), dir, &record)?;
     Ok(record)
+}
+
+/// Refuse a journal whose `OWNER` names another Agent than the one of `--config` (unless that
+/// Agent adopts it): a compaction never rewrites another agent's history.
+fn check_owner(dir: &Path, plan: &Plan) -> Result<(), CompactFailure> {
+    let Some((uid, adopt_from)) = &plan.agent else { return Ok(()) };
+    let owner = read_owner(&StdStorage, dir).map_err(|error| CompactFailure::Usage(error.to_string()))?;
+    match owner {
+        Some(owner) if &owner.agent_uid != uid && adopt_from.as_deref() != Some(owner.agent_uid.as_str()) => {
+            Err(CompactFailure::Usage(format!(
+                "the journal in {} belongs to Agent {} (uid {}), not to the Agent of --config (uid {uid}); refusing to compact another agent's history",
+                dir.display(),
+                owner.agent,
+                owner.agent_uid
+            )))
+        }
+        _ => Ok(()),
+    }
 }
 
 fn usage(message: &str) -> CompactFailure {
@@ -250,7 +272,9 @@ fn resolve(args: &CompactArgs) -> Result<Plan, CompactFailure> {
     });
     let llm = match (choice, &config, model) {
         (SummarizerChoice::Extractive, _, _) => None,
-        (SummarizerChoice::Llm, Some(config), Some(model)) => Some(llm_settings(config, model)?),
+        (SummarizerChoice::Llm, Some(config), Some(model)) => {
+            Some(llm_settings(config, model, &args.summarizer_api_key_file)?)
+        }
         (SummarizerChoice::Llm, _, _) => {
             return Err(usage(
                 "--summarizer llm needs --config gateway.json whose policy sets compaction.summarizer.model; set the model in the ContextPolicy or use --summarizer extractive",
@@ -260,7 +284,11 @@ fn resolve(args: &CompactArgs) -> Result<Plan, CompactFailure> {
     let counter = TokenCounter::new(tokenizer)
         .map_err(|error| CompactFailure::Usage(format!("tokenizer {tokenizer}: {error}")))?;
     let now_ms = SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_millis() as u64).unwrap_or(0);
-    Ok(Plan { settings, tenant, retain_generations: retain_generations.max(1), counter, llm, now_ms })
+    let agent = config.as_ref().and_then(|c| {
+        let uid = c.agent.uid.clone()?;
+        Some((uid, c.agent.adopt_journal_from_uid.clone()))
+    });
+    Ok(Plan { settings, tenant, retain_generations: retain_generations.max(1), counter, llm, now_ms, agent })
 }
 
 fn check_mode_arguments(args: &CompactArgs) -> Result<(), CompactFailure> {
@@ -284,19 +312,38 @@ fn check_mode_arguments(args: &CompactArgs) -> Result<(), CompactFailure> {
     Ok(())
 }
 
-fn llm_settings(config: &GatewayConfig, model: String) -> Result<LlmSettings, CompactFailure> {
+/// Where the summariser is reached: its own provider, endpoint and key when the policy gives them,
+/// else the agent's (the endpoint of another provider defaults to that provider's public one).
+fn llm_settings(
+    config: &GatewayConfig,
+    model: String,
+    own_key_file: &Path,
+) -> Result<LlmSettings, CompactFailure> {
     let upstream = &config.upstream;
-    let endpoint = if upstream.endpoint.trim().is_empty() {
-        upstream.provider.default_endpoint().unwrap_or_default().to_owned()
-    } else {
-        upstream.endpoint.clone()
+    let summarizer = &config.policy.compaction.summarizer;
+    let provider = summarizer.provider.unwrap_or(upstream.provider);
+    let endpoint = match &summarizer.endpoint {
+        Some(endpoint) => endpoint.clone(),
+        None if provider == upstream.provider && !upstream.endpoint.trim().is_empty() => {
+            upstream.endpoint.clone()
+        }
+        None => provider.default_endpoint().unwrap_or_default().to_owned(),
     };
     if endpoint.is_empty() {
         return Err(usage(
-            "--config: upstream.endpoint is empty; an OpenAICompatible provider needs an endpoint",
+            "--config: no endpoint for the summariser: an OpenAICompatible provider needs upstream.endpoint or compaction.summarizer.endpoint",
         ));
     }
-    let api_key = match &upstream.api_key_file {
+    let key_file = if summarizer.credentials_secret_ref.is_some() {
+        Some(own_key_file.display().to_string())
+    } else if provider == upstream.provider {
+        upstream.api_key_file.clone()
+    } else {
+        return Err(usage(
+            "--config: the summariser's provider differs from the agent's and compaction.summarizer.credentialsSecretRef is not set; refusing to send the agent's API key to another provider",
+        ));
+    };
+    let api_key = match &key_file {
         Some(file) => Some(
             std::fs::read_to_string(file)
                 .map_err(|source| CompactFailure::Io {
@@ -312,7 +359,7 @@ fn llm_settings(config: &GatewayConfig, model: String) -> Result<LlmSettings, Co
     let max_summary_tokens = config.policy.compaction.summarizer.max_summary_tokens;
     let input_tokens = (upstream.context_window / 2).saturating_sub(max_summary_tokens).max(1024);
     Ok(LlmSettings {
-        provider: upstream.provider,
+        provider,
         endpoint,
         model,
         api_key,

@@ -1,7 +1,7 @@
 //! An index of the children the controller owns, fed by metadata-only watches: per Agent, which
-//! objects exist, the spec hash each was last applied with, and a fingerprint of the fields the
-//! controller owns there (from `managedFields`), so an edit by anyone else shows as drift. Small
-//! (names and hashes only).
+//! objects exist, the spec hash each was last applied with, the UID of their controller owner, and
+//! a fingerprint of the fields the controller owns there (from `managedFields`), so an edit by
+//! anyone else shows as drift. Small (names, hashes and UIDs only).
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::{Arc, PoisonError, RwLock};
@@ -61,11 +61,14 @@ impl ChildKind {
     }
 }
 
-/// Who owns the fields of a child, from its `managedFields`: the server-side apply record of the
-/// apiserver. Anyone else who changes a field the controller set (kubectl edit, patch, replace, a
-/// forced apply) takes that field from the controller's field set, so the fingerprint changes.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+/// Who owns a child: the UID in its controller `ownerReference`, and who owns its fields, from its
+/// `managedFields` (the server-side apply record of the apiserver). Anyone else who changes a field
+/// the controller set (kubectl edit, patch, replace, a forced apply) takes that field from the
+/// controller's field set, so the fingerprint changes.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Ownership {
+    /// UID of the object's controller owner (the `ownerReference` with `controller: true`), if any.
+    pub controller_uid: Option<String>,
     /// Hash of the controller's own field set (`strata.dev/controller`, Apply), if it has one.
     pub owned_fields: Option<u64>,
     /// Whether any other manager holds fields of the object itself (not a subresource).
@@ -75,7 +78,15 @@ pub struct Ownership {
 impl Ownership {
     /// Read the ownership record of an object's metadata.
     pub fn of(meta: &ObjectMeta) -> Self {
-        let mut ownership = Ownership::default();
+        let mut ownership = Ownership {
+            controller_uid: meta
+                .owner_references
+                .iter()
+                .flatten()
+                .find(|owner| owner.controller == Some(true))
+                .map(|owner| owner.uid.clone()),
+            ..Ownership::default()
+        };
         for entry in meta.managed_fields.iter().flatten() {
             if entry.subresource.as_deref().is_some_and(|s| !s.is_empty()) {
                 continue;
@@ -115,6 +126,9 @@ pub struct ObservedChild {
     /// Whether someone else changed fields the controller set since its last apply (or, before the
     /// first apply by this process, whether any other manager holds fields of the object).
     pub drifted: bool,
+    /// UID of its controller owner, if it has one: only an object whose controller is the Agent
+    /// (by UID) is the Agent's to delete.
+    pub controller_uid: Option<String>,
 }
 
 type AgentKey = (String, String);
@@ -197,6 +211,7 @@ impl ChildIndex {
                         name: name.clone(),
                         spec_hash: child.spec_hash.clone(),
                         drifted: child.drifted(),
+                        controller_uid: child.seen.controller_uid.clone(),
                     })
                     .collect()
             })
@@ -243,7 +258,8 @@ impl ChildIndex {
     ) {
         let mut state = self.write();
         let child = state.child_mut(kind, namespace, agent, name);
-        *child = ChildState { spec_hash, seen: applied, applied_fields: applied.owned_fields };
+        let applied_fields = applied.owned_fields;
+        *child = ChildState { spec_hash, seen: applied, applied_fields };
     }
 
     /// Forget a child (after a delete, or from a watch event).

@@ -14,6 +14,15 @@ pub enum Error {
         #[source]
         source: Box<kube::Error>,
     },
+    /// The apiserver refused to create something in a namespace that is being deleted (HTTP 403
+    /// with cause `NamespaceTerminating`). Not a failure: nothing may be created there any more.
+    #[error("{action}: namespace {namespace} is being deleted; nothing more is created in it")]
+    NamespaceTerminating {
+        /// What was being done.
+        action: String,
+        /// The namespace.
+        namespace: String,
+    },
     /// A write lost a race with another writer (HTTP 409); the object is requeued.
     #[error("{action}: conflict with another writer; retrying with fresh state")]
     Conflict {
@@ -90,13 +99,23 @@ pub enum Error {
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
 impl Error {
-    /// Wrap a client error with what was being done; a 409 becomes [`Error::Conflict`].
+    /// Wrap a client error with what was being done; a 409 becomes [`Error::Conflict`], and a 403
+    /// for a namespace being deleted [`Error::NamespaceTerminating`].
     pub fn kube(action: impl Into<String>, source: kube::Error) -> Self {
         let action = action.into();
         match &source {
             kube::Error::Api(status) if status.code == 409 => Error::Conflict { action },
+            kube::Error::Api(status) if let Some(namespace) = terminating_namespace(status) => {
+                Error::NamespaceTerminating { action, namespace }
+            }
             _ => Error::Kube { action, source: Box::new(source) },
         }
+    }
+
+    /// Whether this error is the expected refusal of a namespace being deleted: not counted as a
+    /// failure and not retried soon.
+    pub fn is_namespace_terminating(&self) -> bool {
+        matches!(self, Error::NamespaceTerminating { .. })
     }
 
     /// A short, bounded label for the `reason` of the errors metric.
@@ -110,6 +129,7 @@ impl Error {
                 _ => "transport",
             },
             Error::Conflict { .. } => "conflict",
+            Error::NamespaceTerminating { .. } => "namespace_terminating",
             Error::MissingField { .. } => "missing_field",
             Error::CacheNotReady(_) => "cache_not_ready",
             Error::MasterKey { .. } => "master_key",
@@ -125,11 +145,47 @@ impl Error {
     pub fn requeue_after(&self) -> Duration {
         match self {
             Error::Conflict { .. } | Error::CacheNotReady(_) => Duration::from_secs(1),
-            Error::MissingField { .. } | Error::Serialize { .. } | Error::CacheIdentity(_) => {
-                Duration::from_secs(300)
-            }
+            Error::NamespaceTerminating { .. }
+            | Error::MissingField { .. }
+            | Error::Serialize { .. }
+            | Error::CacheIdentity(_) => Duration::from_secs(300),
             _ => Duration::from_secs(15),
         }
+    }
+}
+
+/// The namespace a 403 names as being deleted: the apiserver's `NamespaceTerminating` cause, or its
+/// message "unable to create new content in namespace X because it is being terminated".
+fn terminating_namespace(status: &kube::core::Status) -> Option<String> {
+    if status.code != 403 {
+        return None;
+    }
+    let details = status.details.as_ref();
+    let by_cause = details.is_some_and(|d| d.causes.iter().any(|c| c.reason == "NamespaceTerminating"));
+    if !by_cause && !status.message.contains("because it is being terminated") {
+        return None;
+    }
+    let from_message = status
+        .message
+        .split_once("in namespace ")
+        .and_then(|(_, rest)| rest.split_whitespace().next())
+        .map(String::from);
+    from_message.or_else(|| details.map(|d| d.name.clone())).filter(|name| !name.is_empty())
+}
+
+/// A reconcile's result with a terminating namespace's refusal taken as what it is: not a failure
+/// (so it is neither counted in the errors metric nor retried hot) but a slow requeue; the objects
+/// in that namespace are about to be deleted with it.
+pub fn settle_namespace_terminating(
+    result: Result<kube::runtime::controller::Action>,
+    retry: Duration,
+) -> Result<kube::runtime::controller::Action> {
+    match result {
+        Err(error) if error.is_namespace_terminating() => {
+            tracing::debug!(%error, "namespace is being deleted; not applying into it");
+            Ok(kube::runtime::controller::Action::requeue(retry))
+        }
+        other => other,
     }
 }
 

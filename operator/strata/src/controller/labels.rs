@@ -34,6 +34,9 @@ pub const ANNOTATION_SPEC_HASH: &str = "strata.dev/spec-hash";
 pub const ANNOTATION_ROLLOUT_HASH: &str = "strata.dev/rollout-hash";
 /// Annotation on a Namespace: the tenant's cache epoch; bumping it revokes every cache key.
 pub const ANNOTATION_CACHE_EPOCH: &str = "strata.dev/cache-epoch";
+/// Agent annotation: the UID of an earlier Agent whose journal (on a retained claim) this Agent
+/// takes over on purpose; without it the gateway refuses a journal another Agent created.
+pub const ANNOTATION_ADOPT_JOURNAL_FROM_UID: &str = "strata.dev/adopt-journal-from-uid";
 
 /// Turn any string into a valid label value: at most 63 characters of `[A-Za-z0-9._-]`,
 /// starting and ending alphanumeric. Other characters become `-`; an empty result is `unknown`.

@@ -72,16 +72,14 @@ pub struct ControllerArgs {
     /// it references, which are not watched). A settled Agent's resync makes no writes.
     #[arg(long, default_value_t = 300, value_parser = clap::value_parser!(u64).range(10..=86_400))]
     pub resync_seconds: u64,
+    /// Log format.
+    #[command(flatten)]
+    pub log: crate::logging::LogArgs,
 }
 
 /// Run the operator until SIGTERM or Ctrl-C.
 pub fn run(args: &ControllerArgs) -> anyhow::Result<()> {
-    let _ = tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
-        )
-        .try_init();
+    crate::logging::init(args.log);
     let runtime =
         tokio::runtime::Builder::new_multi_thread().enable_all().build().context("starting tokio")?;
     runtime.block_on(run_operator(args))

@@ -24,7 +24,7 @@ use strata_core::cache_key::MasterKey;
 
 use crate::controller::child_index::{ChildIndex, ChildKind};
 use crate::controller::context::{Caches, Context, Settings, system_clock};
-use crate::controller::error::Error;
+use crate::controller::error::{Error, settle_namespace_terminating};
 use crate::controller::labels::MANAGED_SELECTOR;
 use crate::controller::metrics::Metrics;
 use crate::controller::{agent, compaction, policy};
@@ -144,7 +144,9 @@ pub async fn run_controllers<S>(
         .run(
             |object, ctx: Arc<Context>| async move {
                 let metrics = ctx.metrics.clone();
-                metrics.track("agent", agent::reconcile(object, ctx)).await
+                let retry = ctx.settings.resync_interval;
+                let result = agent::reconcile(object, ctx);
+                metrics.track("agent", async move { settle_namespace_terminating(result.await, retry) }).await
             },
             error_policy,
             ctx.clone(),
@@ -185,7 +187,11 @@ pub async fn run_controllers<S>(
         .run(
             |object, ctx: Arc<Context>| async move {
                 let metrics = ctx.metrics.clone();
-                metrics.track("compactionjob", compaction::reconcile(object, ctx)).await
+                let retry = ctx.settings.resync_interval;
+                let result = compaction::reconcile(object, ctx);
+                metrics
+                    .track("compactionjob", async move { settle_namespace_terminating(result.await, retry) })
+                    .await
             },
             error_policy,
             ctx,

@@ -64,6 +64,9 @@ pub struct GatewayArgs {
     /// forgotten, and its resume says so.
     #[arg(long, default_value_t = pending::DEFAULT_MAX_HELD_BYTES)]
     pub max_held_bytes: usize,
+    /// Log format.
+    #[command(flatten)]
+    pub log: crate::logging::LogArgs,
 }
 
 /// Why the gateway cannot start.
@@ -79,6 +82,14 @@ pub enum StartError {
         path: PathBuf,
         /// The journal's (or state file's) error.
         cause: strata_core::session::EngineError,
+    },
+    /// The journal belongs to another Agent (or its owner record cannot be read or written).
+    #[error("data dir {path}: {cause}")]
+    JournalOwner {
+        /// The data directory.
+        path: PathBuf,
+        /// Why the journal may not be used.
+        cause: strata_core::journal::OwnerError,
     },
     /// The HTTP client cannot be built.
     #[error(transparent)]
@@ -136,8 +147,9 @@ fn serve(listener: TcpListener, router: axum::Router, mut stop: watch::Receiver<
     })
 }
 
-/// Loads the config, opens the data directory (refusing a locked or corrupt one with the journal's
-/// error), binds both listeners and starts serving.
+/// Loads the config, binds the journal to the config's Agent UID (refusing another Agent's journal),
+/// opens the data directory (refusing a locked or corrupt one with the journal's error), binds both
+/// listeners and starts serving.
 pub async fn start(args: &GatewayArgs) -> Result<RunningGateway, StartError> {
     start_on(args, Arc::new(strata_core::journal::StdStorage)).await
 }
@@ -148,6 +160,8 @@ pub async fn start_on(
     storage: Arc<dyn strata_core::journal::Storage>,
 ) -> Result<RunningGateway, StartError> {
     let settings = config::Settings::load(&args.config)?;
+    bind_journal(&settings.config.agent, &args.data_dir)
+        .map_err(|cause| StartError::JournalOwner { path: args.data_dir.clone(), cause })?;
     let engine = strata_core::session::SessionEngine::open_on(
         Arc::clone(&storage),
         &args.data_dir,
@@ -210,14 +224,37 @@ pub async fn start_on(
     Ok(RunningGateway { address, metrics_address, shutdown, tasks, background })
 }
 
+/// Bind the journal in `data_dir` to the Agent of `gateway.json` (when the operator named its UID).
+fn bind_journal(
+    agent: &strata_api::gateway_config::AgentIdentity,
+    data_dir: &std::path::Path,
+) -> Result<(), strata_core::journal::OwnerError> {
+    use strata_core::journal::{Binding, Claimant, StdStorage, bind_owner};
+    let Some(uid) = agent.uid.as_deref() else { return Ok(()) };
+    let name = format!("{}/{}", agent.namespace, agent.name);
+    let claimant = Claimant {
+        agent_uid: uid,
+        agent: &name,
+        adopt_from_uid: agent.adopt_journal_from_uid.as_deref(),
+        now_ms: strata_core::session::now_ms(),
+    };
+    let binding = bind_owner(&StdStorage, data_dir, claimant)?;
+    match binding {
+        Binding::Owned => {}
+        Binding::Created => tracing::info!(agent = %name, %uid, "journal: bound a new journal to this Agent"),
+        Binding::Claimed => {
+            tracing::info!(agent = %name, %uid, "journal: recorded this Agent as the owner of an unowned journal")
+        }
+        Binding::Adopted { from } => {
+            tracing::warn!(agent = %name, %uid, previous = %from, "journal: adopted an earlier Agent's journal as annotated")
+        }
+    }
+    Ok(())
+}
+
 /// Runs `strata gateway` until SIGINT or SIGTERM.
 pub fn run(args: &GatewayArgs) -> anyhow::Result<()> {
-    let _ = tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
-        )
-        .try_init();
+    crate::logging::init(args.log);
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
     runtime.block_on(async {
         let running = start(args).await?;

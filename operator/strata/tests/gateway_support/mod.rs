@@ -361,6 +361,8 @@ pub fn config(fake: &FakeUpstream, provider: Provider, dir: &Path) -> GatewayCon
             name: "builder".into(),
             namespace: "rateright".into(),
             privacy_scope: "tenant".into(),
+            uid: None,
+            adopt_journal_from_uid: None,
         },
         upstream: UpstreamConfig {
             provider,
@@ -409,6 +411,7 @@ pub fn args(config_path: &Path, data_dir: &Path) -> GatewayArgs {
         max_body_bytes: 1024 * 1024,
         max_upstream_response_bytes: strata::gateway::DEFAULT_MAX_RESPONSE_BYTES,
         max_held_bytes: strata::gateway::DEFAULT_MAX_HELD_BYTES,
+        log: strata::logging::LogArgs::default(),
     }
 }
 

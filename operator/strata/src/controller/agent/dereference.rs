@@ -86,7 +86,14 @@ pub struct PodObservation {
     pub node_name: Option<String>,
     /// A Secret the kubelet could not mount (from the pod's FailedMount events).
     pub missing_secret: Option<String>,
+    /// The gateway's refusal of a journal another Agent created (its last termination message).
+    pub foreign_journal: Option<String>,
 }
+
+/// Name of the gateway sidecar container.
+pub const GATEWAY_CONTAINER: &str = "gateway";
+/// Words of the gateway's refusal of a journal another Agent created (`OwnerError::Foreign`).
+pub const FOREIGN_JOURNAL_MARKER: &str = "refusing to serve another agent's history";
 
 /// The agent pod's name (a StatefulSet with one replica).
 pub fn pod_name(agent: &str) -> String {
@@ -181,6 +188,7 @@ async fn observe_pod(ctx: &Context, namespace: &str, agent: &str) -> Result<Opti
         return Ok(None);
     };
     let status = pod.status.unwrap_or_default();
+    let foreign_journal = foreign_journal_refusal(&status);
     let phase = status.phase.unwrap_or_else(|| "Pending".into());
     let ready = status.conditions.iter().flatten().any(|c| c.type_ == "Ready" && c.status == "True");
     let missing_secret =
@@ -190,7 +198,20 @@ async fn observe_pod(ctx: &Context, namespace: &str, agent: &str) -> Result<Opti
         ready,
         node_name: pod.spec.and_then(|spec| spec.node_name),
         missing_secret,
+        foreign_journal,
     }))
+}
+
+/// The line of the gateway's last termination message that refuses another Agent's journal.
+pub fn foreign_journal_refusal(status: &k8s_openapi::api::core::v1::PodStatus) -> Option<String> {
+    let gateway = status.container_statuses.iter().flatten().find(|c| c.name == GATEWAY_CONTAINER)?;
+    [gateway.state.as_ref(), gateway.last_state.as_ref()]
+        .into_iter()
+        .flatten()
+        .filter_map(|state| state.terminated.as_ref()?.message.as_deref())
+        .flat_map(str::lines)
+        .find(|line| line.contains(FOREIGN_JOURNAL_MARKER))
+        .map(|line| line.trim().trim_start_matches("strata: ").to_string())
 }
 
 /// The kubelet reports an absent Secret volume as a FailedMount event naming it.
@@ -224,5 +245,22 @@ mod tests {
         assert_eq!(secret_not_found(message).as_deref(), Some("anthropic-api"));
         assert_eq!(secret_not_found("secret \"x\" is forbidden"), None);
         assert_eq!(secret_not_found("timed out"), None);
+    }
+
+    #[test]
+    fn the_gateways_refusal_of_a_foreign_journal_is_read_from_its_last_termination() {
+        let refusal = "strata: data dir /var/lib/strata: the journal in /var/lib/strata belongs to Agent rateright/builder (uid a), not to this Agent (uid b): refusing to serve another agent's history. Delete the claim";
+        let status: k8s_openapi::api::core::v1::PodStatus = serde_json::from_value(serde_json::json!({
+            "containerStatuses": [
+                {"name": "agent", "image": "x", "imageID": "", "ready": false, "restartCount": 0,
+                 "state": {"terminated": {"exitCode": 1, "message": "unrelated"}}},
+                {"name": "gateway", "image": "x", "imageID": "", "ready": false, "restartCount": 3,
+                 "state": {"waiting": {"reason": "CrashLoopBackOff"}},
+                 "lastState": {"terminated": {"exitCode": 1, "message": format!("2026 INFO starting\n{refusal}\n")}}}]
+        }))
+        .unwrap_or_default();
+        let found = foreign_journal_refusal(&status).unwrap_or_default();
+        assert!(found.starts_with("data dir /var/lib/strata: the journal"), "{found}");
+        assert_eq!(foreign_journal_refusal(&Default::default()), None);
     }
 }

@@ -20,7 +20,7 @@ use kube::runtime::reflector::ObjectRef;
 use strata_api::Agent;
 
 use crate::controller::context::Context;
-use crate::controller::error::{Result, name_of, namespace_of};
+use crate::controller::error::{Error, Result, name_of, namespace_of};
 use validate::Validation;
 
 /// How soon an Agent with a problem is looked at again (its references are not all watched).
@@ -73,14 +73,21 @@ pub async fn reconcile_agent(agent: &Agent, ctx: &Context) -> Result<(ReconcileR
     if let Validation::Valid(valid) = &validation {
         let children = build::build(agent, valid, &ctx.settings)?;
         report.applied = apply::apply_children(ctx, &namespace, &name, &children).await?;
-        report.deleted = orphans::delete_orphans(ctx, &namespace, &name, &children.desired()).await?;
+        let uid = agent
+            .metadata
+            .uid
+            .as_deref()
+            .ok_or(Error::MissingField { kind: "Agent", field: "metadata.uid" })?;
+        report.deleted = orphans::delete_orphans(ctx, &namespace, &name, uid, &children.desired()).await?;
         report.compaction_created =
             budget::trigger_budget_compaction(ctx, agent, &valid.resolution.policy).await?;
     }
     let desired = status::desired_status(agent, &validation, inputs.pod.as_ref(), ctx.now());
     if status::status_changed(agent, &desired) {
+        let warnings = status::warnings_to_publish(agent, &desired);
         status::write_status(ctx, agent, &desired).await?;
         report.status_written = true;
+        status::publish_warnings(ctx, agent, warnings).await;
     }
     Ok((report, matches!(validation, Validation::Valid(_))))
 }

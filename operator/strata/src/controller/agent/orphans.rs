@@ -1,5 +1,7 @@
 //! Step 6 of the Agent pipeline (IO): delete children labelled for this Agent that this round did
-//! not build (left behind by a rename or an older operator version).
+//! not build (left behind by a rename or an older operator version), but only those whose
+//! controller `ownerReference` is this Agent, by UID: an object that merely carries the Agent's
+//! labels (a user's look-alike, or one of an earlier Agent of the same name) is never touched.
 
 use std::fmt::Debug;
 
@@ -17,23 +19,36 @@ use crate::controller::child_index::{ChildKind, ObservedChild};
 use crate::controller::context::Context;
 use crate::controller::error::{Error, Result};
 
-/// Observed children that are not desired.
-pub fn orphans(desired: &[DesiredChild], observed: &[ObservedChild]) -> Vec<ObservedChild> {
+/// Observed children that are not desired and whose controller owner is the Agent with `agent_uid`.
+pub fn orphans(desired: &[DesiredChild], observed: &[ObservedChild], agent_uid: &str) -> Vec<ObservedChild> {
     observed
         .iter()
         .filter(|have| !desired.iter().any(|want| want.kind == have.kind && want.name == have.name))
+        .filter(|have| {
+            let ours = have.controller_uid.as_deref() == Some(agent_uid);
+            if !ours {
+                tracing::debug!(
+                    kind = have.kind.as_str(),
+                    name = %have.name,
+                    controller = ?have.controller_uid,
+                    "an object labelled for this Agent is not controlled by it; leaving it alone"
+                );
+            }
+            ours
+        })
         .cloned()
         .collect()
 }
 
-/// Delete every orphan of `agent`; returns how many were deleted.
+/// Delete every orphan of `agent` (whose UID is `agent_uid`); returns how many were deleted.
 pub async fn delete_orphans(
     ctx: &Context,
     namespace: &str,
     agent: &str,
+    agent_uid: &str,
     desired: &[DesiredChild],
 ) -> Result<usize> {
-    let found = orphans(desired, &ctx.caches.children.children_of(namespace, agent));
+    let found = orphans(desired, &ctx.caches.children.children_of(namespace, agent), agent_uid);
     for orphan in &found {
         match orphan.kind {
             ChildKind::ServiceAccount => delete_one::<ServiceAccount>(ctx, namespace, &orphan.name).await?,

@@ -8,7 +8,10 @@ use kube::api::{Patch, PatchParams};
 use serde_json::json;
 use strata_api::Agent;
 use strata_api::agent::{AgentPhase, AgentStatus, EffectivePolicyStatus, PrefixStatus};
-use strata_api::status::{CONDITION_POLICY_RESOLVED, CONDITION_READY, CONDITION_REFERENCES_RESOLVED};
+use strata_api::status::{
+    CONDITION_JOURNAL_BOUND, CONDITION_POLICY_RESOLVED, CONDITION_READY, CONDITION_REFERENCES_RESOLVED,
+    CONDITION_SUMMARIZER_READY,
+};
 
 use super::dereference::PodObservation;
 use super::validate::{Problem, Validation};
@@ -46,7 +49,10 @@ pub fn desired_status(
         Validation::Invalid(problems) => (problems, current.prefix.clone(), current.effective_policy.clone()),
     };
     let valid = matches!(validation, Validation::Valid(_));
-    let blocking = problems.iter().any(|p| p.reason != "PolicyWarning");
+    // A summariser that cannot work stops compactions, not the agent.
+    let blocking =
+        problems.iter().any(|p| p.reason != "PolicyWarning" && p.condition != CONDITION_SUMMARIZER_READY);
+    let foreign_journal = problems.iter().find(|p| p.condition == CONDITION_JOURNAL_BOUND);
     let phase = if !valid {
         if pod_running { AgentPhase::Degraded } else { AgentPhase::Failed }
     } else if suspended {
@@ -66,16 +72,21 @@ pub fn desired_status(
         AgentPhase::Pending => {
             (false, "PodNotReady", "waiting for the agent pod to become ready".to_string())
         }
-        AgentPhase::Degraded | AgentPhase::Failed => (
-            false,
-            "ReferencesOrPolicyInvalid",
-            "see the ReferencesResolved and PolicyResolved conditions".to_string(),
-        ),
+        AgentPhase::Degraded | AgentPhase::Failed => match foreign_journal {
+            Some(problem) => (false, problem.reason, problem.message.clone()),
+            None => (
+                false,
+                "ReferencesOrPolicyInvalid",
+                "see the ReferencesResolved and PolicyResolved conditions".to_string(),
+            ),
+        },
     };
     let desired_conditions = vec![
         condition(CONDITION_READY, ready, ready_reason, &ready_message, generation, now),
         condition_for(CONDITION_REFERENCES_RESOLVED, problems, generation, now),
         condition_for(CONDITION_POLICY_RESOLVED, problems, generation, now),
+        condition_for(CONDITION_JOURNAL_BOUND, problems, generation, now),
+        condition_for(CONDITION_SUMMARIZER_READY, problems, generation, now),
     ];
     AgentStatus {
         phase: Some(phase),
@@ -102,6 +113,39 @@ fn condition_for(
         Some(first) => condition(type_, false, first.reason, &message, generation, now),
         None if relevant.is_empty() => condition(type_, true, "Resolved", "", generation, now),
         None => condition(type_, true, "ResolvedWithWarnings", &message, generation, now),
+    }
+}
+
+/// Warning Events for conditions that just turned False and that a person must act on: a journal
+/// the gateway refused, a summariser that cannot work. `(reason, note)` pairs.
+pub fn warnings_to_publish(agent: &Agent, desired: &AgentStatus) -> Vec<(String, String)> {
+    let current = agent.status.as_ref().map(|s| s.conditions.as_slice()).unwrap_or_default();
+    [CONDITION_JOURNAL_BOUND, CONDITION_SUMMARIZER_READY]
+        .into_iter()
+        .filter_map(|type_| {
+            let now = desired.conditions.iter().find(|c| c.type_ == type_ && c.status == "False")?;
+            let before = current.iter().find(|c| c.type_ == type_);
+            let new = before.is_none_or(|c| c.status != "False" || c.reason != now.reason);
+            new.then(|| (now.reason.clone(), now.message.clone()))
+        })
+        .collect()
+}
+
+/// Publish [`warnings_to_publish`] as Events on the Agent (a failed publish is only logged).
+pub async fn publish_warnings(ctx: &Context, agent: &Agent, warnings: Vec<(String, String)>) {
+    use kube::Resource;
+    use kube::runtime::events::{Event, EventType};
+    for (reason, note) in warnings {
+        let event = Event {
+            type_: EventType::Warning,
+            reason,
+            note: Some(note.chars().take(1000).collect()),
+            action: "Reconcile".into(),
+            secondary: None,
+        };
+        if let Err(error) = ctx.recorder.publish(&event, &agent.object_ref(&())).await {
+            tracing::warn!(%error, agent = ?agent.metadata.name, "publishing an Event failed");
+        }
     }
 }
 

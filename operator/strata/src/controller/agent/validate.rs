@@ -5,8 +5,11 @@ use std::sync::Arc;
 
 use strata_api::Agent;
 use strata_api::agent::Provider;
-use strata_api::effective::{EffectivePolicy, PolicyInputs, Resolution, resolve};
-use strata_api::status::{CONDITION_POLICY_RESOLVED, CONDITION_REFERENCES_RESOLVED};
+use strata_api::effective::{EffectivePolicy, EffectiveSummarizer, PolicyInputs, Resolution, resolve};
+use strata_api::status::{
+    CONDITION_JOURNAL_BOUND, CONDITION_POLICY_RESOLVED, CONDITION_REFERENCES_RESOLVED,
+    CONDITION_SUMMARIZER_READY,
+};
 use strata_core::cache_key::{CacheKey, CacheKeyInputs, MasterKey, compute_cache_key, derive_tenant_key};
 use strata_core::prefix::{StablePrefixManifest, StablePrefixSources};
 use strata_core::redaction::Redactor;
@@ -194,6 +197,14 @@ pub fn validate(
     let cache_key = cache_key(agent, master_key, &tenant, epoch, tokenizer, &manifest)?;
     let mut warnings: Vec<Problem> =
         resolution.warnings.iter().map(|warning| Problem::policy("PolicyWarning", warning.clone())).collect();
+    warnings.extend(summarizer_problem(agent, &resolution.policy.compaction.summarizer));
+    if let Some(refusal) = inputs.pod.as_ref().and_then(|pod| pod.foreign_journal.as_ref()) {
+        warnings.push(Problem {
+            condition: CONDITION_JOURNAL_BOUND,
+            reason: "ForeignJournal",
+            message: format!("the gateway refused the journal on the agent's volume: {refusal}"),
+        });
+    }
     if let Some(secret) = inputs.pod.as_ref().and_then(|pod| pod.missing_secret.as_ref()) {
         warnings.push(Problem::reference(
             "SecretNotFound",
@@ -212,6 +223,60 @@ pub fn validate(
         endpoint,
         warnings,
     })))
+}
+
+/// Why the effective summariser cannot work for `agent`, if it cannot: a model named for another
+/// provider than the one it would be sent to, another provider without its own credentials (the
+/// agent's key would go to the wrong provider), or an OpenAI-compatible server without an endpoint.
+pub fn summarizer_problem(agent: &Agent, summarizer: &EffectiveSummarizer) -> Option<Problem> {
+    let model = summarizer.model.as_deref()?;
+    let agent_provider = agent.spec.model.provider;
+    let provider = summarizer.provider.unwrap_or(agent_provider);
+    let problem = |message: String| Problem {
+        condition: CONDITION_SUMMARIZER_READY,
+        reason: "SummarizerUnavailable",
+        message,
+    };
+    let fix = "set compaction.summarizer.provider (with its credentialsSecretRef) in the policy that names the model (status.effectivePolicy lists the sources), or pick a model of this provider";
+    if let Some(family) = model_family(model)
+        && family != provider
+        && provider != Provider::OpenAICompatible
+    {
+        return Some(problem(format!(
+            "the summariser model {model:?} is a {} model, but compactions would send it to {}{}; {fix}",
+            provider_id(family),
+            provider_id(provider),
+            if summarizer.provider.is_none() { " (the agent's provider)" } else { "" },
+        )));
+    }
+    if provider != agent_provider && summarizer.credentials_secret_ref.is_none() {
+        return Some(problem(format!(
+            "the summariser's provider is {} but the agent's is {}: without compaction.summarizer.credentialsSecretRef the agent's {} key would be sent to {}; set credentialsSecretRef to a Secret key holding a {} API key",
+            provider_id(provider),
+            provider_id(agent_provider),
+            provider_id(agent_provider),
+            provider_id(provider),
+            provider_id(provider),
+        )));
+    }
+    if provider == Provider::OpenAICompatible && provider != agent_provider && summarizer.endpoint.is_none() {
+        return Some(problem(
+            "the summariser's provider is OpenAICompatible but compaction.summarizer.endpoint is not set: set it to the server's base URL".into(),
+        ));
+    }
+    None
+}
+
+/// The provider whose public API a model name belongs to, when the name says so.
+fn model_family(model: &str) -> Option<Provider> {
+    let name = model.rsplit('/').next().unwrap_or(model).to_ascii_lowercase();
+    if name.starts_with("claude") {
+        Some(Provider::Anthropic)
+    } else if ["gpt-", "chatgpt", "o1", "o3", "o4"].iter().any(|p| name.starts_with(p)) {
+        Some(Provider::OpenAI)
+    } else {
+        None
+    }
 }
 
 /// What the gateway would refuse to load in the effective policy: a `contentRegex` of a retention

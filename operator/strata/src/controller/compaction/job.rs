@@ -1,6 +1,8 @@
 //! The batch/v1 Job that runs `strata compact` against an agent's journal volume (pure).
 
-use k8s_openapi::api::batch::v1::{Job, JobSpec};
+use k8s_openapi::api::batch::v1::{
+    Job, JobSpec, PodFailurePolicy, PodFailurePolicyOnExitCodesRequirement, PodFailurePolicyRule,
+};
 use k8s_openapi::api::core::v1::{
     Container, EmptyDirVolumeSource, PersistentVolumeClaimVolumeSource, PodSecurityContext, PodSpec,
     PodTemplateSpec, ResourceRequirements, Volume,
@@ -10,8 +12,11 @@ use kube::Resource;
 use kube::api::ObjectMeta;
 use sha2::{Digest, Sha256};
 use strata_api::compaction_job::CompactionMode;
+use strata_api::refs::LocalKeyRef;
 use strata_api::{Agent, CompactionJob};
 
+use crate::compact::SUMMARIZER_KEY_FILE;
+use crate::compact::exit::{EXIT_CHECK_FAILED, EXIT_DATA, EXIT_USAGE};
 use crate::controller::agent::build::{
     API_KEY_FILE, CONFIG_DIR, CONFIG_FILE, DATA_DIR, config_and_credentials_volumes, config_map_name,
     journal_claim_name, mount, restricted, runtime_default_seccomp,
@@ -23,6 +28,8 @@ use crate::controller::labels::{LABEL_AGENT, LABEL_COMPACTION_JOB, LABEL_MANAGED
 pub const COMPACT_CONTAINER: &str = "compact";
 /// Where the container writes its record.
 pub const TERMINATION_LOG: &str = "/dev/termination-log";
+/// Volume of the summariser's own API key.
+const SUMMARIZER_VOLUME: &str = "summarizer-credentials";
 /// Retries of a failed compaction pod.
 pub const BACKOFF_LIMIT: i32 = 2;
 /// A compaction that runs longer than this is stopped.
@@ -73,8 +80,31 @@ pub fn compact_args(compaction: &CompactionJob) -> Vec<String> {
     args
 }
 
-/// The Job for `compaction` on `agent`, pinned to `node` when the agent pod holds the volume there.
-pub fn build_job(compaction: &CompactionJob, agent: &Agent, image: &str, node: Option<&str>) -> Result<Job> {
+/// Failures that a retry cannot fix end the Job at once: a failed preservation check, a bad
+/// request and a damaged journal. A summariser outage, an I/O error or a lost race are retried.
+fn fail_at_once_on_deterministic_errors() -> PodFailurePolicy {
+    PodFailurePolicy {
+        rules: vec![PodFailurePolicyRule {
+            action: "FailJob".into(),
+            on_exit_codes: Some(PodFailurePolicyOnExitCodesRequirement {
+                container_name: Some(COMPACT_CONTAINER.into()),
+                operator: "In".into(),
+                values: [EXIT_CHECK_FAILED, EXIT_USAGE, EXIT_DATA].map(i32::from).to_vec(),
+            }),
+            on_pod_conditions: None,
+        }],
+    }
+}
+
+/// The Job for `compaction` on `agent`, pinned to `node` when the agent pod holds the volume there,
+/// with the summariser's own API key mounted when the policy gives it one.
+pub fn build_job(
+    compaction: &CompactionJob,
+    agent: &Agent,
+    image: &str,
+    node: Option<&str>,
+    summarizer_credentials: Option<&LocalKeyRef>,
+) -> Result<Job> {
     let namespace = namespace_of(&compaction.metadata, "CompactionJob")?;
     let compaction_name = name_of(&compaction.metadata, "CompactionJob")?;
     let agent_name = name_of(&agent.metadata, "Agent")?;
@@ -89,12 +119,24 @@ pub fn build_job(compaction: &CompactionJob, agent: &Agent, image: &str, node: O
     let credentials = &agent.spec.model.credentials_secret_ref;
     let credentials_dir = API_KEY_FILE.rsplit_once('/').map(|(dir, _)| dir).unwrap_or(API_KEY_FILE);
     let seccomp = runtime_default_seccomp();
+    let summarizer_dir =
+        SUMMARIZER_KEY_FILE.rsplit_once('/').map(|(dir, _)| dir).unwrap_or(SUMMARIZER_KEY_FILE);
+    let mut mounts = vec![
+        mount("journal", DATA_DIR, false),
+        mount("config", CONFIG_DIR, true),
+        mount("credentials", credentials_dir, true),
+        mount("tmp", "/tmp", false),
+    ];
+    if summarizer_credentials.is_some() {
+        mounts.push(mount(SUMMARIZER_VOLUME, summarizer_dir, true));
+    }
     let container = Container {
         name: COMPACT_CONTAINER.into(),
         image: Some(image.into()),
         args: Some(compact_args(compaction)),
         termination_message_path: Some(TERMINATION_LOG.into()),
-        termination_message_policy: Some("File".into()),
+        // The record (or the error `strata compact` wrote); the log tail if it wrote nothing.
+        termination_message_policy: Some("FallbackToLogsOnError".into()),
         resources: Some(ResourceRequirements {
             requests: Some(
                 [("cpu".into(), Quantity("100m".into())), ("memory".into(), Quantity("128Mi".into()))].into(),
@@ -103,17 +145,12 @@ pub fn build_job(compaction: &CompactionJob, agent: &Agent, image: &str, node: O
             ..ResourceRequirements::default()
         }),
         security_context: Some(restricted(true, Some(COMPACTOR_UID))),
-        volume_mounts: Some(vec![
-            mount("journal", DATA_DIR, false),
-            mount("config", CONFIG_DIR, true),
-            mount("credentials", credentials_dir, true),
-            mount("tmp", "/tmp", false),
-        ]),
+        volume_mounts: Some(mounts),
         ..Container::default()
     };
     let [config, credentials_volume] =
         config_and_credentials_volumes(&config_map_name(&agent_name), credentials);
-    let volumes = vec![
+    let mut volumes = vec![
         Volume {
             name: "journal".into(),
             persistent_volume_claim: Some(PersistentVolumeClaimVolumeSource {
@@ -126,6 +163,11 @@ pub fn build_job(compaction: &CompactionJob, agent: &Agent, image: &str, node: O
         credentials_volume,
         Volume { name: "tmp".into(), empty_dir: Some(EmptyDirVolumeSource::default()), ..Volume::default() },
     ];
+    if let Some(key) = summarizer_credentials {
+        let [_, mut summarizer] = config_and_credentials_volumes(&config_map_name(&agent_name), key);
+        summarizer.name = SUMMARIZER_VOLUME.into();
+        volumes.push(summarizer);
+    }
     Ok(Job {
         metadata: ObjectMeta {
             name: Some(job_name(compaction)),
@@ -136,6 +178,7 @@ pub fn build_job(compaction: &CompactionJob, agent: &Agent, image: &str, node: O
         },
         spec: Some(JobSpec {
             backoff_limit: Some(BACKOFF_LIMIT),
+            pod_failure_policy: Some(fail_at_once_on_deterministic_errors()),
             active_deadline_seconds: Some(ACTIVE_DEADLINE_SECONDS),
             template: PodTemplateSpec {
                 metadata: Some(ObjectMeta { labels: Some(labels), ..ObjectMeta::default() }),

@@ -1,7 +1,7 @@
 //! The CompactionJob controller: waits for the agent's other jobs, runs `strata compact` as a
-//! batch Job on the agent's volume, turns the pod's termination message into the status record,
-//! updates the Agent's `lastCompaction`, emits an Event at each transition, and deletes finished
-//! jobs after their TTL.
+//! batch Job on the agent's volume, turns the pod's termination message into the status record (or,
+//! on failure, into a reason and message on a `Failed` condition), updates the Agent's
+//! `lastCompaction`, emits an Event at each transition, and deletes finished jobs after their TTL.
 
 pub mod job;
 pub mod queue;
@@ -12,7 +12,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use k8s_openapi::api::batch::v1::Job;
-use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::core::v1::{ConfigMap, Pod};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::runtime::controller::Action;
@@ -23,6 +23,7 @@ use strata_api::compaction_job::{CompactionJobStatus, CompactionPhase, Compactio
 use strata_api::{Agent, CompactionJob};
 
 use crate::controller::agent::dereference::pod_name;
+use crate::controller::conditions;
 use crate::controller::context::{COMPACTION_FIELD_MANAGER, Context, FIELD_MANAGER};
 use crate::controller::error::{Error, Result, name_of, namespace_of};
 
@@ -49,9 +50,10 @@ pub async fn reconcile_compaction(compaction: &CompactionJob, ctx: &Context) -> 
         .await
         .map_err(|e| Error::kube(format!("reading Agent {namespace}/{agent_name}"), e))?;
     let Some(agent) = agent else {
-        let status = finished(&current, CompactionPhase::Failed, "AgentNotFound", None, ctx);
         let note =
             format!("Agent {agent_name:?} does not exist in {namespace}: create it, or delete this job");
+        let status =
+            finished(compaction, &current, CompactionPhase::Failed, "AgentNotFound", &note, None, ctx);
         transition(ctx, compaction, &current, status, EventType::Warning, "AgentNotFound", &note).await?;
         return Ok(Action::await_change());
     };
@@ -82,7 +84,14 @@ pub async fn reconcile_compaction(compaction: &CompactionJob, ctx: &Context) -> 
             return Ok(Action::requeue(POLL_INTERVAL));
         }
         let node = pinned_node(ctx, &namespace, &agent).await?;
-        let built = job::build_job(compaction, &agent, &ctx.settings.compactor_image, node.as_deref())?;
+        let summarizer_credentials = summarizer_credentials(ctx, &namespace, agent_name).await?;
+        let built = job::build_job(
+            compaction,
+            &agent,
+            &ctx.settings.compactor_image,
+            node.as_deref(),
+            summarizer_credentials.as_ref(),
+        )?;
         match jobs.create(&PostParams::default(), &built).await {
             Ok(_) => {}
             Err(kube::Error::Api(status)) if status.is_already_exists() => {}
@@ -110,16 +119,33 @@ pub async fn reconcile_compaction(compaction: &CompactionJob, ctx: &Context) -> 
     if !succeeded && !failed {
         return Ok(Action::requeue(POLL_INTERVAL));
     }
-    let record = read_record(ctx, &namespace, &job_name).await?;
+    let termination = read_termination(ctx, &namespace, &job_name).await?;
+    let record = termination.as_ref().and_then(|t| t.message.as_deref()).and_then(record::parse_record);
     let (phase, reason, event_type) = match (&record, succeeded) {
         (Some(r), true) if r.quality_check == QualityCheck::Passed => {
             (CompactionPhase::Succeeded, "Compacted", EventType::Normal)
         }
         (Some(_), _) => (CompactionPhase::Failed, "QualityCheckFailed", EventType::Warning),
         (None, true) => (CompactionPhase::Failed, "RecordMissing", EventType::Warning),
-        (None, false) => (CompactionPhase::Failed, "JobFailed", EventType::Warning),
+        (None, false) => {
+            let reason = termination.as_ref().map_or("JobFailed", record::Termination::failure_reason);
+            (CompactionPhase::Failed, reason, EventType::Warning)
+        }
     };
-    let mut status = finished(&current, phase, reason, record.clone(), ctx);
+    let note = match (&record, &termination) {
+        (Some(r), _) if phase == CompactionPhase::Succeeded => {
+            format!(
+                "{}: {} → {} tokens, generation {}",
+                r.compaction_id, r.tokens_before, r.tokens_after, r.result_generation
+            )
+        }
+        (Some(r), _) => {
+            format!("{}: nothing changed; missing {}", r.compaction_id, r.missing_items.join(", "))
+        }
+        (None, Some(termination)) => termination.failure_message(),
+        (None, None) => job_failure(&job_status, &job_name),
+    };
+    let mut status = finished(compaction, &current, phase, reason, &note, record.clone(), ctx);
     status.job_name = Some(job_name.clone());
     if phase == CompactionPhase::Succeeded
         && let Some(record) = &record
@@ -127,33 +153,45 @@ pub async fn reconcile_compaction(compaction: &CompactionJob, ctx: &Context) -> 
         record_last_compaction(ctx, &namespace, agent_name, &name, record, status.completion_time.clone())
             .await?;
     }
-    let note = match &record {
-        Some(r) if phase == CompactionPhase::Succeeded => {
-            format!(
-                "{}: {} → {} tokens, generation {}",
-                r.compaction_id, r.tokens_before, r.tokens_after, r.result_generation
-            )
-        }
-        Some(r) => format!("{}: nothing changed; missing {}", r.compaction_id, r.missing_items.join(", ")),
-        None => format!("Job {job_name} ended without a compaction record; see its pod's logs"),
-    };
     transition(ctx, compaction, &current, status.clone(), event_type, reason, &note).await?;
     clean_up_when_expired(compaction, &status, ctx, &namespace, &name).await
 }
 
+/// The status of a finished job, with a `Complete` or `Failed` condition carrying `message`.
 fn finished(
+    compaction: &CompactionJob,
     current: &CompactionJobStatus,
     phase: CompactionPhase,
     reason: &str,
+    message: &str,
     record: Option<CompactionRecord>,
     ctx: &Context,
 ) -> CompactionJobStatus {
+    let kind = if phase == CompactionPhase::Succeeded { "Complete" } else { "Failed" };
+    let message = record::truncate(message, record::MESSAGE_LIMIT);
+    let generation = compaction.metadata.generation;
+    let condition = conditions::condition(kind, true, reason, &message, generation, ctx.now());
     CompactionJobStatus {
         phase: Some(phase),
         reason: Some(reason.into()),
         completion_time: Some(Time(ctx.now())),
         record,
+        conditions: vec![condition],
         ..current.clone()
+    }
+}
+
+/// Why a Job failed when no pod reported a termination (deadline, backoff limit), from its
+/// `Failed` condition.
+fn job_failure(status: &k8s_openapi::api::batch::v1::JobStatus, job_name: &str) -> String {
+    let failed = status.conditions.iter().flatten().find(|c| c.type_ == "Failed" && c.status == "True");
+    match failed {
+        Some(c) => {
+            let reason = c.reason.as_deref().unwrap_or("Failed");
+            let message = c.message.as_deref().unwrap_or_default();
+            format!("Job {job_name} failed ({reason}) before strata compact reported anything: {message}")
+        }
+        None => format!("Job {job_name} ended without a compaction record; see its pod's logs"),
     }
 }
 
@@ -169,13 +207,37 @@ async fn pinned_node(ctx: &Context, namespace: &str, agent: &Agent) -> Result<Op
     Ok(pod.and_then(|p| p.spec).and_then(|s| s.node_name))
 }
 
-async fn read_record(ctx: &Context, namespace: &str, job_name: &str) -> Result<Option<CompactionRecord>> {
+/// The summariser's own credentials, from the gateway.json that the Job's `strata compact` reads
+/// (so the key it mounts is the one that config names).
+async fn summarizer_credentials(
+    ctx: &Context,
+    namespace: &str,
+    agent: &str,
+) -> Result<Option<strata_api::refs::LocalKeyRef>> {
+    let maps: Api<ConfigMap> = Api::namespaced(ctx.client.clone(), namespace);
+    let name = crate::controller::agent::build::config_map_name(agent);
+    let map = maps
+        .get_opt(&name)
+        .await
+        .map_err(|e| Error::kube(format!("reading ConfigMap {namespace}/{name}"), e))?;
+    let config = map
+        .and_then(|m| m.data)
+        .and_then(|data| data.get(crate::controller::agent::build::CONFIG_FILE).cloned())
+        .and_then(|json| strata_api::gateway_config::GatewayConfig::from_json(json.as_bytes()).ok());
+    Ok(config.and_then(|c| c.policy.compaction.summarizer.credentials_secret_ref))
+}
+
+async fn read_termination(
+    ctx: &Context,
+    namespace: &str,
+    job_name: &str,
+) -> Result<Option<record::Termination>> {
     let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), namespace);
     let list = pods
         .list(&ListParams::default().labels(&format!("job-name={job_name}")))
         .await
         .map_err(|e| Error::kube(format!("listing the pods of Job {namespace}/{job_name}"), e))?;
-    Ok(record::termination_message(&list.items).as_deref().and_then(record::parse_record))
+    Ok(record::last_termination(&list.items))
 }
 
 async fn record_last_compaction(

@@ -11,6 +11,7 @@ use super::metadata::ChildMeta;
 use super::stateful_set::API_KEY_FILE;
 use crate::controller::agent::validate::{PRIVACY_SCOPE, Validated};
 use crate::controller::error::{Error, Result};
+use crate::controller::labels::ANNOTATION_ADOPT_JOURNAL_FROM_UID;
 
 /// The key (and file name) of the gateway configuration.
 pub const CONFIG_FILE: &str = "gateway.json";
@@ -31,6 +32,14 @@ pub fn gateway_config(meta: &ChildMeta, agent: &Agent, validated: &Validated) ->
             name: meta.agent.clone(),
             namespace: meta.namespace.clone(),
             privacy_scope: PRIVACY_SCOPE.into(),
+            uid: agent.metadata.uid.clone(),
+            adopt_journal_from_uid: agent
+                .metadata
+                .annotations
+                .as_ref()
+                .and_then(|a| a.get(ANNOTATION_ADOPT_JOURNAL_FROM_UID))
+                .map(|uid| uid.trim().to_string())
+                .filter(|uid| !uid.is_empty()),
         },
         upstream: UpstreamConfig {
             provider: model.provider,

@@ -4,7 +4,9 @@
 
 use std::collections::BTreeMap;
 
-use k8s_openapi::api::apps::v1::{StatefulSet, StatefulSetSpec};
+use k8s_openapi::api::apps::v1::{
+    StatefulSet, StatefulSetPersistentVolumeClaimRetentionPolicy, StatefulSetSpec,
+};
 use k8s_openapi::api::core::v1::{
     Affinity, Capabilities, ConfigMapProjection, ConfigMapVolumeSource, Container, ContainerPort,
     DownwardAPIProjection, DownwardAPIVolumeFile, EmptyDirVolumeSource, EnvVar, EnvVarSource, KeyToPath,
@@ -23,6 +25,7 @@ use strata_api::refs::LocalKeyRef;
 
 use super::config_map::{CONFIG_FILE, config_map_name};
 use super::metadata::ChildMeta;
+use crate::controller::agent::dereference::GATEWAY_CONTAINER;
 use crate::controller::context::Settings;
 use crate::controller::error::Result;
 use crate::controller::hashing::json_sha256;
@@ -72,10 +75,21 @@ pub fn stateful_set(meta: &ChildMeta, agent: &Agent, settings: &Settings) -> Res
             revision_history_limit: Some(3),
             template: pod_template(meta, agent, settings)?,
             volume_claim_templates: Some(vec![journal_claim(meta, agent)]),
+            persistent_volume_claim_retention_policy: Some(claim_retention(agent)),
             ..StatefulSetSpec::default()
         }),
         status: None,
     })
+}
+
+/// What happens to the journal claim: deleted with the Agent unless `spec.storage.retainOnDelete`,
+/// and always kept when the agent is suspended (scaled to zero).
+pub fn claim_retention(agent: &Agent) -> StatefulSetPersistentVolumeClaimRetentionPolicy {
+    let retain = agent.spec.storage.as_ref().and_then(|s| s.retain_on_delete).unwrap_or(false);
+    StatefulSetPersistentVolumeClaimRetentionPolicy {
+        when_deleted: Some(if retain { "Retain" } else { "Delete" }.into()),
+        when_scaled: Some("Retain".into()),
+    }
 }
 
 /// The pod template. Its annotations hash only what must restart the pod (model and credentials);
@@ -208,7 +222,7 @@ fn gateway_container(meta: &ChildMeta, settings: &Settings) -> Container {
         ..Probe::default()
     };
     Container {
-        name: "gateway".into(),
+        name: GATEWAY_CONTAINER.into(),
         image: Some(settings.gateway_image.clone()),
         args: Some(args.iter().map(|arg| arg.to_string()).collect()),
         restart_policy: Some("Always".into()),
