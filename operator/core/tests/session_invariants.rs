@@ -2,7 +2,7 @@
 //! tool-pairing rules, and every `data_ref` Strata put in it opens byte-exact from the artifact
 //! store. A property test drives random sequences of user turns, parallel tool calls answered in
 //! any order (some left unanswered, some results orphaned, some huge, some repeated), dated system
-//! prompts, time passing (expiry), elision, deduplication, purges, compactions, gateway restarts
+//! prompts, time passing (expiry), elision, deduplication, purges, compactions, rollbacks, gateway restarts
 //! and client divergence (truncated and edited histories) through a session engine on disk, and
 //! checks both invariants after every step, for both provider APIs.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
@@ -15,7 +15,8 @@ use serde_json::{Map, Value};
 use sha2::{Digest, Sha256};
 use strata_core::artifacts::ArtifactRef;
 use strata_core::budget::OperationId;
-use strata_core::compaction::CompactionMode;
+use strata_core::compaction::{CompactionMode, rollback};
+use strata_core::journal::{Journal, JournalOptions, StdStorage};
 use strata_core::entry::{Content, Role, ToolCall, ToolResult};
 use strata_core::session::protocol::check_request;
 use strata_core::session::{
@@ -46,6 +47,9 @@ enum Step {
     Advance(u8),
     /// The gateway restarts on the same volume.
     Restart,
+    /// The gateway is stopped, the journal rolled back to the oldest retained generation (as
+    /// `strata compact --mode Rollback` does on a suspended agent), and the gateway restarted.
+    Rollback,
     /// The system prompt's date changes.
     NewDay,
 }
@@ -64,6 +68,7 @@ fn step() -> impl Strategy<Value = Step> {
         1 => Just(Step::Compact),
         1 => (1u8..30).prop_map(Step::Advance),
         1 => Just(Step::Restart),
+        1 => Just(Step::Rollback),
         1 => Just(Step::NewDay),
     ]
 }
@@ -267,6 +272,17 @@ fn run(api: Api, steps: &[Step], dir: &Path) {
                 drop(engine);
                 engine = SessionEngine::open(dir, &settings, client.now_ms).unwrap();
             }
+            Step::Rollback => {
+                drop(engine);
+                let storage = std::sync::Arc::new(StdStorage);
+                let (mut journal, _) =
+                    Journal::open(storage, dir, JournalOptions::new("strata compact", client.now_ms)).unwrap();
+                if let Some(&target) = journal.retained_generations().unwrap().first() {
+                    rollback(&mut journal, target, Some("test".into()), "tenant", client.now_ms).unwrap();
+                }
+                drop(journal);
+                engine = SessionEngine::open(dir, &settings, client.now_ms).unwrap();
+            }
             Step::NewDay => client.day = client.day % 28 + 1,
         }
         let call = engine.next_call(&settings, Map::new()).unwrap();
@@ -275,7 +291,7 @@ fn run(api: Api, steps: &[Step], dir: &Path) {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig { cases: 24, ..ProptestConfig::default() })]
+    #![proptest_config(ProptestConfig { cases: 64, ..ProptestConfig::default() })]
 
     #[test]
     fn every_compiled_request_is_protocol_valid_and_its_references_open(

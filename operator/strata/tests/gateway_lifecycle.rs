@@ -20,6 +20,28 @@ fn user(text: &str) -> Value {
     json!({"messages": [{"role": "user", "content": text}]})
 }
 
+/// Proposes, as another process would (a CompactionJob's `strata compact`), to replace the whole
+/// current generation with one summary entry.
+fn propose_summary(data_dir: &std::path::Path, text: &str) {
+    let snapshot = read_current_generation(&StdStorage, data_dir).unwrap().snapshot();
+    let summary = EntryDraft {
+        kind: EntryKind::Summary,
+        role: Role::User,
+        content: Content::text(text),
+        retention: RetentionClass::Working,
+        created_at_ms: 1,
+        tokens: 8,
+        artifact_refs: vec![],
+    };
+    let proposal = CompactionProposal {
+        generation: snapshot.generation,
+        watermark: snapshot.watermark,
+        baseline: vec![BaselineEntry::New(summary)],
+        created_at_ms: 2,
+    };
+    propose_compaction(&StdStorage, data_dir, &proposal).unwrap();
+}
+
 #[tokio::test]
 async fn a_blocked_request_resumes_once_a_compaction_freed_space() {
     let fake = FakeUpstream::start().await;
@@ -53,24 +75,7 @@ async fn a_blocked_request_resumes_once_a_compaction_freed_space() {
         gateway.post_json(&format!("/strata/v1/operations/{operation}/resume"), &json!({}), &[]).await;
     assert_eq!(status, 400, "still blocked while nothing was freed");
 
-    let view = read_current_generation(&StdStorage, &gateway.data_dir).unwrap();
-    let snapshot = view.snapshot();
-    let summary = EntryDraft {
-        kind: EntryKind::Summary,
-        role: Role::User,
-        content: Content::text("The user pasted filler text."),
-        retention: RetentionClass::Working,
-        created_at_ms: 1,
-        tokens: 8,
-        artifact_refs: vec![],
-    };
-    let proposal = CompactionProposal {
-        generation: snapshot.generation,
-        watermark: snapshot.watermark,
-        baseline: vec![BaselineEntry::New(summary)],
-        created_at_ms: 2,
-    };
-    propose_compaction(&StdStorage, &gateway.data_dir, &proposal).unwrap();
+    propose_summary(&gateway.data_dir, "The user pasted filler text.");
 
     let (status, resumed) =
         gateway.post_json(&format!("/strata/v1/operations/{operation}/resume"), &json!({}), &[]).await;
@@ -94,23 +99,7 @@ async fn a_compaction_proposal_is_applied_within_seconds_without_traffic() {
     let gateway = Harness::start(&fake, Provider::OpenAI, |_| {}).await;
     let first = json!({"messages": [{"role": "user", "content": "alpha beta gamma"}]});
     gateway.post_json(CHAT, &first, &[]).await;
-    let snapshot = read_current_generation(&StdStorage, &gateway.data_dir).unwrap().snapshot();
-    let summary = EntryDraft {
-        kind: EntryKind::Summary,
-        role: Role::User,
-        content: Content::text("Greek letters were mentioned."),
-        retention: RetentionClass::Working,
-        created_at_ms: 1,
-        tokens: 6,
-        artifact_refs: vec![],
-    };
-    let proposal = CompactionProposal {
-        generation: snapshot.generation,
-        watermark: snapshot.watermark,
-        baseline: vec![BaselineEntry::New(summary)],
-        created_at_ms: 2,
-    };
-    propose_compaction(&StdStorage, &gateway.data_dir, &proposal).unwrap();
+    propose_summary(&gateway.data_dir, "Greek letters were mentioned.");
     let mut generation = 0;
     for _ in 0..50 {
         generation = gateway.get_json("/strata/v1/status").await["generation"].as_u64().unwrap();
