@@ -16,8 +16,8 @@ use sha2::{Digest, Sha256};
 use strata_core::artifacts::ArtifactRef;
 use strata_core::budget::OperationId;
 use strata_core::compaction::{CompactionMode, rollback};
-use strata_core::journal::{Journal, JournalOptions, StdStorage};
 use strata_core::entry::{Content, Role, ToolCall, ToolResult};
+use strata_core::journal::{Journal, JournalOptions, StdStorage};
 use strata_core::session::protocol::check_request;
 use strata_core::session::{
     Api, AssistantOutput, ChatRequest, SessionEngine, SessionSettings, Turn, TurnOutcome, TurnRequest,
@@ -276,7 +276,8 @@ fn run(api: Api, steps: &[Step], dir: &Path) {
                 drop(engine);
                 let storage = std::sync::Arc::new(StdStorage);
                 let (mut journal, _) =
-                    Journal::open(storage, dir, JournalOptions::new("strata compact", client.now_ms)).unwrap();
+                    Journal::open(storage, dir, JournalOptions::new("strata compact", client.now_ms))
+                        .unwrap();
                 if let Some(&target) = journal.retained_generations().unwrap().first() {
                     rollback(&mut journal, target, Some("test".into()), "tenant", client.now_ms).unwrap();
                 }
