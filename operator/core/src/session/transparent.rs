@@ -44,11 +44,11 @@ pub struct TransparentIndex {
 /// Whether `entry` is Strata's own rather than a client turn or an answer the client saw or
 /// should see: a compaction summary or resume instruction, or a memory-tool call or result.
 fn is_strata_own(entry: &Entry, holders: &HashSet<EntryId>) -> bool {
-    if entry.id.kind() == EntryKind::Summary {
-        return true;
-    }
     if holders.contains(&entry.id) {
         return false;
+    }
+    if entry.id.kind() == EntryKind::Summary {
+        return true;
     }
     match entry.role {
         Role::User | Role::System => true,
@@ -155,25 +155,24 @@ impl TransparentIndex {
         let own_after = |index: usize| {
             entries[index + 1..].iter().take_while(|entry| is_strata_own(entry, &self.holders)).count()
         };
-        let position: HashMap<EntryId, usize> =
-            entries.iter().enumerate().map(|(index, entry)| (entry.id, index)).collect();
+        // The last entry that is not Strata's own: the request extends the journal when that is
+        // the entry holding its last known turn. Only the journal's tail is read.
+        let last_foreign = entries.iter().rposition(|entry| !is_strata_own(entry, &self.holders));
         if first_known == 0 {
-            if entries.iter().all(|entry| is_strata_own(entry, &self.holders)) {
+            if last_foreign.is_none() {
                 return Placement::Extends { first_new: 0 };
             }
         } else {
             match self.known.get(&chains[first_known - 1]) {
                 Some(None) => return Placement::Extends { first_new: first_known },
-                Some(Some(id)) => {
-                    if let Some(&index) = position.get(id)
-                        && index + 1 + own_after(index) == entries.len()
-                    {
-                        return Placement::Extends { first_new: first_known };
-                    }
+                Some(Some(id)) if last_foreign.is_some_and(|index| entries[index].id == *id) => {
+                    return Placement::Extends { first_new: first_known };
                 }
-                None => {}
+                _ => {}
             }
         }
+        let position: HashMap<EntryId, usize> =
+            entries.iter().enumerate().map(|(index, entry)| (entry.id, index)).collect();
         let shared = (0..first_known).rev().find_map(|turn| {
             let id = self.known.get(&chains[turn]).copied().flatten()?;
             position.get(&id).map(|index| (turn, *index))
