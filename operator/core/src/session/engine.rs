@@ -543,7 +543,7 @@ impl SessionEngine {
         let mut batch = BTreeMap::new();
         for entry in self.journal.entries() {
             if let Some(original) = self.dedup.observe(entry) {
-                let text = self.duplicate_text(entry, original)?;
+                let text = Self::duplicate_text(&self.store, &self.tenant, entry, original)?;
                 batch.insert(entry.id, Treatment::Replace { text, reason: InclusionReason::Duplicate });
             }
         }
@@ -580,7 +580,7 @@ impl SessionEngine {
                 let mut saved = 0;
                 for entry in new {
                     if let Some(original) = self.dedup.observe(entry) {
-                        let text = Self::duplicate_text_in(&self.store, &self.tenant, entry, original)?;
+                        let text = Self::duplicate_text(&self.store, &self.tenant, entry, original)?;
                         saved += entry.tokens.saturating_sub(u64::from(self.counter.count(&text)));
                         batch.insert(
                             entry.id,
@@ -615,11 +615,7 @@ impl SessionEngine {
     }
 
     /// The window text of a duplicated output, with the artifacts holding it byte-exact.
-    fn duplicate_text(&self, entry: &Entry, original: EntryId) -> Result<String, EngineError> {
-        Self::duplicate_text_in(&self.store, &self.tenant, entry, original)
-    }
-
-    fn duplicate_text_in(
+    fn duplicate_text(
         store: &ArtifactStore,
         tenant: &str,
         entry: &Entry,
@@ -791,12 +787,11 @@ impl SessionEngine {
             self.client_system = client_system.to_owned();
         }
         self.compiler.set_volatile_context(&self.system_split.moved, &self.counter);
-        let client_system = self.system_split.stable.clone();
-        let client_system = client_system.as_str();
+        let stable_system = self.system_split.stable.as_str();
         let mut hasher = Sha256::new();
         hasher.update(settings.revision.to_le_bytes());
-        hasher.update((client_system.len() as u64).to_le_bytes());
-        hasher.update(client_system.as_bytes());
+        hasher.update((stable_system.len() as u64).to_le_bytes());
+        hasher.update(stable_system.as_bytes());
         for tool in client_tools {
             hasher.update(tool.to_string().as_bytes());
             hasher.update([0]);
@@ -822,7 +817,7 @@ impl SessionEngine {
         let mut registry = self.registry.clone();
         let mut ordered: Vec<Value> = registry.arrange(&combined)?.into_iter().cloned().collect();
         ordered.extend(memory_tools(self.api));
-        let system_prompt = [configured.system_prompt.as_str(), client_system]
+        let system_prompt = [configured.system_prompt.as_str(), self.system_split.stable.as_str()]
             .iter()
             .filter(|text| !text.trim().is_empty())
             .copied()
