@@ -20,7 +20,7 @@ use strata_core::entry::{Content, Role, ToolCall, ToolResult};
 use strata_core::journal::{Journal, JournalOptions, StdStorage};
 use strata_core::session::protocol::check_request;
 use strata_core::session::{
-    Api, AssistantOutput, ChatRequest, SessionEngine, SessionSettings, Turn, TurnOutcome, TurnRequest,
+    Api, AssistantOutput, CompactionAsk, ChatRequest, SessionEngine, SessionSettings, Turn, TurnOutcome, TurnRequest,
 };
 
 /// What the model answers to a request.
@@ -264,7 +264,7 @@ fn run(api: Api, steps: &[Step], dir: &Path) {
             }
             Step::Compact => {
                 let _ = engine
-                    .compact(&settings, CompactionMode::Budget, "test".into(), None, client.now_ms)
+                    .compact(&settings, &CompactionAsk::new(CompactionMode::Budget, "test"), client.now_ms)
                     .unwrap();
             }
             Step::Advance(hours) => client.now_ms += u64::from(*hours) * 3_600_000,

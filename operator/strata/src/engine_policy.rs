@@ -81,6 +81,7 @@ pub fn session_settings(
             .map_err(PolicyError::RequiredFields)?,
         automatic_compaction: policy.compaction.automatic,
         compaction_trigger_percent: policy.compaction.trigger_percent,
+        model_summarizer: policy.compaction.summarizer.model.is_some(),
         retain_generations: policy.compaction.retain_generations as usize,
         tokenizer: tokenizer_kind(tokenizer),
     })

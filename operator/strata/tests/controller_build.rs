@@ -408,3 +408,41 @@ fn a_summariser_that_cannot_work_is_named_with_what_to_do() {
     assert!(summarizer_problem(&scout, &openai).is_none());
     assert!(summarizer_problem(&scout, &EffectiveSummarizer { model: None, ..base }).is_none());
 }
+
+#[test]
+fn the_summarisers_own_key_is_mounted_in_the_sidecar_for_its_compactions() {
+    use strata_api::agent::Provider;
+    use strata_api::policy::SummarizerSpec;
+    use strata_api::refs::LocalKeyRef;
+
+    // The samples' fleet policy gives the summariser the `anthropic-api` key; this Agent's own
+    // override names another Secret.
+    let plain = children(&agent("builder"));
+    let sample_secret = pod(&plain).volumes.unwrap().into_iter().find(|v| v.name == "summarizer-credentials");
+    assert_eq!(sample_secret.unwrap().secret.unwrap().secret_name.as_deref(), Some("anthropic-api"));
+    let mut with_key = agent("builder");
+    with_key.spec.overrides.as_mut().unwrap().compaction.as_mut().unwrap().summarizer = Some(SummarizerSpec {
+        model: Some("gpt-4o-mini".into()),
+        provider: Some(Provider::OpenAI),
+        credentials_secret_ref: Some(LocalKeyRef { name: "openai-summarizer".into(), key: "token".into() }),
+        ..SummarizerSpec::default()
+    });
+    let children = children(&with_key);
+    let mount = sidecar(&children)
+        .volume_mounts
+        .into_iter()
+        .flatten()
+        .find(|m| m.name == "summarizer-credentials")
+        .expect("the summariser key is mounted in the gateway");
+    assert_eq!(format!("{}/api-key", mount.mount_path), strata::compact::SUMMARIZER_KEY_FILE);
+    assert_eq!(mount.read_only, Some(true));
+    let pod = pod(&children);
+    assert!(!pod.containers.iter().any(|c| c.volume_mounts.iter().flatten().any(|m| m.name == mount.name)));
+    let secret = pod.volumes.unwrap().into_iter().find(|v| v.name == mount.name).unwrap().secret.unwrap();
+    assert_eq!(secret.secret_name.as_deref(), Some("openai-summarizer"));
+    assert_eq!(secret.items.unwrap()[0].key, "token");
+    let annotation = |c: &Children| {
+        c.stateful_set.spec.clone().unwrap().template.metadata.unwrap().annotations.unwrap()["strata.dev/rollout-hash"].clone()
+    };
+    assert_ne!(annotation(&plain), annotation(&children), "another key restarts the pod to mount it");
+}

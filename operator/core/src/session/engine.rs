@@ -12,9 +12,7 @@ use sha2::{Digest, Sha256};
 
 use crate::artifacts::{ArtifactError, ArtifactRef, ArtifactStore};
 use crate::budget::{Admission, BudgetExceeded, ContextBudget, ContextStatus, OperationId, OperationRequest};
-use crate::compaction::{
-    CompactionError, CompactionMode, CompactionRecord, CompactionRequest, compact_extractive, write_record,
-};
+use crate::compaction::CompactionMode;
 use crate::compiler::{
     BreakpointPlacement, CompileError, ContextCompiler, InclusionDecision, InclusionReason, Packet,
     SyncOutcome, Treatment,
@@ -33,6 +31,7 @@ use crate::retention::plan_expiry;
 use crate::tokens::{Calibration, TokenCounter, TokenizerError};
 use crate::tool_output::{ToolOutputError, elide_entry, plan_elision, spill};
 
+use super::compacting::CompactionAsk;
 use super::memory_tools;
 use super::render::body::{Assembly, ChunkedBody};
 use super::render::fragments::FragmentCache;
@@ -353,6 +352,8 @@ pub struct SessionEngine {
     tenant: String,
     /// State files found corrupt at open (started afresh).
     corrupt_state: Vec<CorruptState>,
+    /// A compaction waiting for the host's model summariser.
+    asked: Option<CompactionAsk>,
 }
 
 /// The files a group commit fsyncs, and the write count it covers.
@@ -488,6 +489,7 @@ impl SessionEngine {
             system_split: VolatileSplit::default(),
             tenant: settings.tenant.clone(),
             corrupt_state: corrupt,
+            asked: None,
         };
         engine.prepare_prefix(settings, "", &[])?;
         engine.rebuild_window(settings)?;
@@ -1156,6 +1158,22 @@ impl SessionEngine {
         (&mut self.journal, &self.store, &self.counter)
     }
 
+    pub(super) fn journal_mut(&mut self) -> &mut Journal {
+        &mut self.journal
+    }
+
+    pub(super) fn storage(&self) -> &Arc<dyn Storage> {
+        &self.storage
+    }
+
+    pub(super) fn warn(&mut self, warning: String) {
+        self.warnings.push(warning);
+    }
+
+    pub(super) fn asked_mut(&mut self) -> &mut Option<CompactionAsk> {
+        &mut self.asked
+    }
+
     /// Re-synchronises Tier 2 after a memory tool rewrote the journal.
     pub(super) fn after_rewrite(&mut self) -> Result<(), EngineError> {
         self.sync_window().map(|_| ())
@@ -1290,7 +1308,8 @@ impl SessionEngine {
 
     /// Automatic compaction (Budget at the trigger, Emergency before a block); returns whether the
     /// journal was rewritten. A compaction that cannot run (nothing to compact, summary rejected)
-    /// leaves the context as it was.
+    /// leaves the context as it was. With a model summariser in the host, a Budget compaction is
+    /// asked of the host instead ([`SessionEngine::take_compaction_ask`]).
     fn compact_in_process(
         &mut self,
         settings: &SessionSettings,
@@ -1298,49 +1317,15 @@ impl SessionEngine {
         reason: &str,
         now_ms: u64,
     ) -> Result<bool, EngineError> {
-        Ok(match self.compact(settings, mode, reason.to_owned(), None, now_ms)? {
+        let ask = CompactionAsk::new(mode, reason);
+        if settings.model_summarizer && mode != CompactionMode::Emergency {
+            self.ask_compaction(ask);
+            return Ok(false);
+        }
+        Ok(match self.compact(settings, &ask, now_ms)? {
             Ok(record) => record.result_generation != record.source_generation,
             Err(_) => false,
         })
-    }
-
-    /// Compacts the context in-process with the extractive summariser, under the same
-    /// preservation check and record as `strata compact`; the record is written beside the
-    /// journal. A compaction that cannot run (e.g. an empty journal) is returned as `Ok(Err(..))`;
-    /// journal failures are engine errors.
-    pub fn compact(
-        &mut self,
-        settings: &SessionSettings,
-        mode: CompactionMode,
-        reason: String,
-        resume_instruction: Option<String>,
-        now_ms: u64,
-    ) -> Result<Result<CompactionRecord, CompactionError>, EngineError> {
-        let request = CompactionRequest {
-            mode,
-            reason: Some(reason),
-            resume_instruction: resume_instruction.filter(|text| !text.trim().is_empty()),
-            settings: settings.compaction.clone(),
-            now_ms,
-        };
-        let record = match compact_extractive(
-            &mut self.journal,
-            &self.store,
-            &settings.tenant,
-            request,
-            &self.counter,
-        ) {
-            Ok(record) => record,
-            Err(CompactionError::Journal(error)) => return Err(EngineError::Journal(error)),
-            Err(error) => return Ok(Err(error)),
-        };
-        if let Err(error) = write_record(self.storage.as_ref(), self.journal.dir(), &record) {
-            self.warnings.push(format!("writing the compaction record {}: {error}", record.compaction_id));
-        }
-        if record.result_generation != record.source_generation {
-            self.after_rewrite()?;
-        }
-        Ok(Ok(record))
     }
 
     /// Here is what came back: journals the answer, learns from its usage, expires and elides

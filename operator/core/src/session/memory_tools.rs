@@ -10,6 +10,7 @@ use crate::entry::{EntryId, ToolCall};
 use crate::purge::{PurgeRequest, purge};
 use crate::tool_output::{READ_OUTPUT_TOOL_NAME, ReadRequest, read_output};
 
+use super::compacting::CompactionAsk;
 use super::engine::{EngineError, SessionEngine};
 use super::settings::SessionSettings;
 use super::tool_schema::{COMPACT_TOOL_NAME, PURGE_TOOL_NAME};
@@ -133,8 +134,23 @@ fn compact(
     let instruction = serde_json::from_str::<Value>(arguments)
         .ok()
         .and_then(|value| value.get("resume_instruction").and_then(Value::as_str).map(str::to_owned));
-    let reason = "requested by the model through strata_compact_context".to_owned();
-    let record = match engine.compact(settings, CompactionMode::TaskBoundary, reason, instruction, now_ms)? {
+    let ask = CompactionAsk {
+        mode: CompactionMode::TaskBoundary,
+        reason: "requested by the model through strata_compact_context".to_owned(),
+        resume_instruction: instruction,
+    };
+    if settings.model_summarizer {
+        engine.ask_compaction(ask);
+        return Ok(MemoryOutcome {
+            output: "Compaction started: the configured summariser model is compacting your history in the \
+                     background (the extractive summariser takes over if it fails). A later turn shows the \
+                     compacted state and your resume instruction; continue with your task meanwhile."
+                .to_owned(),
+            purged: false,
+            compacted: false,
+        });
+    }
+    let record = match engine.compact(settings, &ask, now_ms)? {
         Ok(record) => record,
         Err(error) => {
             return Ok(MemoryOutcome {

@@ -7,6 +7,7 @@
 //! [`SessionEngine::next_call`] for the rounds after a memory-tool call. The gateway drives it
 //! over HTTP; `strata replay` drives it call by call over recorded sessions.
 
+mod compacting;
 pub mod engine;
 pub mod inspect;
 pub mod memory_tools;
@@ -23,6 +24,7 @@ pub use engine::{
     AnswerEffects, ChurnCause, EngineError, EntrySummary, LOWER_BUDGET_PERCENTS, Rewind, RewindCause,
     SectionSummary, SessionEngine, TurnOutcome, TurnRequest, UpstreamCall, now_ms,
 };
+pub use compacting::{CompactionAsk, is_superseded};
 pub use inspect::{ContextEvent, EntryDetail};
 pub use settings::SessionSettings;
 pub use state::{CorruptState, StateDir};

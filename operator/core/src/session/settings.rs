@@ -46,6 +46,12 @@ pub struct SessionSettings {
     pub automatic_compaction: bool,
     /// Context use (percent of the limit, reservations included) that triggers a compaction.
     pub compaction_trigger_percent: u8,
+    /// The host runs a model summariser: Budget compactions at the trigger and the model's own
+    /// compaction requests are asked of the host, which summarises off the engine
+    /// ([`super::SessionEngine::take_compaction_ask`]); Emergency compactions stay extractive and
+    /// in-process. Off, every compaction is extractive and in-process (and `strata replay`, which
+    /// calls no model, prices that).
+    pub model_summarizer: bool,
     /// Journal generations kept after a compaction.
     pub retain_generations: usize,
     /// The upstream model's tokenizer.
@@ -72,6 +78,7 @@ impl SessionSettings {
             compaction: CompactionSettings::default(),
             automatic_compaction: true,
             compaction_trigger_percent: 85,
+            model_summarizer: false,
             retain_generations: 3,
             tokenizer: TokenizerKind::O200kBase,
         }

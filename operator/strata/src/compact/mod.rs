@@ -7,7 +7,8 @@
 //! gateway appends meanwhile are carried over exactly once.
 
 pub mod exit;
-mod llm;
+pub(crate) mod llm;
+pub(crate) mod llm_config;
 mod run;
 
 use std::path::{Path, PathBuf};

@@ -22,6 +22,7 @@ use strata_core::tokens::{TokenCounter, TokenizerKind};
 
 use super::exit::CompactFailure;
 use super::llm::{LlmSettings, LlmSummarizer};
+use super::llm_config::{LlmConfigError, llm_settings};
 use super::{CompactArgs, SummarizerChoice};
 
 /// Everything resolved from the arguments and gateway.json.
@@ -273,7 +274,12 @@ fn resolve(args: &CompactArgs) -> Result<Plan, CompactFailure> {
     let llm = match (choice, &config, model) {
         (SummarizerChoice::Extractive, _, _) => None,
         (SummarizerChoice::Llm, Some(config), Some(model)) => {
-            Some(llm_settings(config, model, &args.summarizer_api_key_file)?)
+            Some(llm_settings(config, model, &args.summarizer_api_key_file).map_err(|error| match error {
+                LlmConfigError::Usage(message) => CompactFailure::Usage(format!("--config: {message}")),
+                LlmConfigError::Key { path, source } => {
+                    CompactFailure::Io { operation: "read the API key", path, source }
+                }
+            })?)
         }
         (SummarizerChoice::Llm, _, _) => {
             return Err(usage(
@@ -312,59 +318,3 @@ fn check_mode_arguments(args: &CompactArgs) -> Result<(), CompactFailure> {
     Ok(())
 }
 
-/// Where the summariser is reached: its own provider, endpoint and key when the policy gives them,
-/// else the agent's (the endpoint of another provider defaults to that provider's public one).
-fn llm_settings(
-    config: &GatewayConfig,
-    model: String,
-    own_key_file: &Path,
-) -> Result<LlmSettings, CompactFailure> {
-    let upstream = &config.upstream;
-    let summarizer = &config.policy.compaction.summarizer;
-    let provider = summarizer.provider.unwrap_or(upstream.provider);
-    let endpoint = match &summarizer.endpoint {
-        Some(endpoint) => endpoint.clone(),
-        None if provider == upstream.provider && !upstream.endpoint.trim().is_empty() => {
-            upstream.endpoint.clone()
-        }
-        None => provider.default_endpoint().unwrap_or_default().to_owned(),
-    };
-    if endpoint.is_empty() {
-        return Err(usage(
-            "--config: no endpoint for the summariser: an OpenAICompatible provider needs upstream.endpoint or compaction.summarizer.endpoint",
-        ));
-    }
-    let key_file = if summarizer.credentials_secret_ref.is_some() {
-        Some(own_key_file.display().to_string())
-    } else if provider == upstream.provider {
-        upstream.api_key_file.clone()
-    } else {
-        return Err(usage(
-            "--config: the summariser's provider differs from the agent's and compaction.summarizer.credentialsSecretRef is not set; refusing to send the agent's API key to another provider",
-        ));
-    };
-    let api_key = match &key_file {
-        Some(file) => Some(
-            std::fs::read_to_string(file)
-                .map_err(|source| CompactFailure::Io {
-                    operation: "read the API key",
-                    path: file.into(),
-                    source,
-                })?
-                .trim()
-                .to_owned(),
-        ),
-        None => None,
-    };
-    let max_summary_tokens = config.policy.compaction.summarizer.max_summary_tokens;
-    let input_tokens = (upstream.context_window / 2).saturating_sub(max_summary_tokens).max(1024);
-    Ok(LlmSettings {
-        provider,
-        endpoint,
-        model,
-        api_key,
-        timeout: Duration::from_secs(u64::from(upstream.timeout_seconds.max(1))),
-        max_output_tokens: max_summary_tokens,
-        max_input_chars: input_tokens as usize * 3,
-    })
-}

@@ -45,8 +45,11 @@ pub struct Metrics {
     pub deduplicated_tokens: IntCounter,
     /// Purges run through the memory tool.
     pub purges: IntCounter,
-    /// Compactions run by the model.
+    /// Compactions that rewrote the journal.
     pub compactions: IntCounter,
+    /// Compactions run off the engine (the model summariser, or its extractive fallback), by
+    /// summariser and outcome.
+    pub summarized_compactions: IntCounterVec,
     /// Memory-tool calls executed, by tool.
     pub memory_tool_calls: IntCounterVec,
     /// Requests blocked by the budget.
@@ -172,7 +175,13 @@ impl Metrics {
             compactions: counter(
                 &registry,
                 "strata_gateway_compactions_total",
-                "Compactions run by the model",
+                "Compactions that rewrote the journal (automatic, model-requested, or through POST /strata/v1/compact)",
+            )?,
+            summarized_compactions: counter_vec(
+                &registry,
+                "strata_gateway_summarized_compactions_total",
+                "Compactions run with the policy's summariser model off the engine, by summariser (model, fallback: extractive after the model failed) and outcome (committed, rejected, nothing_to_compact, superseded, failed)",
+                &["summarizer", "outcome"],
             )?,
             memory_tool_calls: counter_vec(
                 &registry,

@@ -3,6 +3,7 @@
 //! model its memory tools.
 
 mod anthropic;
+mod compactor;
 pub mod config;
 mod engine_host;
 mod errors;
@@ -64,6 +65,10 @@ pub struct GatewayArgs {
     /// forgotten, and its resume says so.
     #[arg(long, default_value_t = pending::DEFAULT_MAX_HELD_BYTES)]
     pub max_held_bytes: usize,
+    /// The summariser's API key, used when the policy gives the summariser its own
+    /// `credentialsSecretRef` (the operator mounts that Secret key here).
+    #[arg(long, value_name = "PATH", default_value = crate::compact::SUMMARIZER_KEY_FILE)]
+    pub summarizer_api_key_file: PathBuf,
     /// Log format.
     #[command(flatten)]
     pub log: crate::logging::LogArgs,
@@ -185,9 +190,17 @@ pub async fn start_on(
         args.max_upstream_response_bytes,
     )?;
     let live = config::LiveSettings::new(settings);
+    let engine = Arc::new(engine_host::EngineHost::new(engine, storage, &args.data_dir));
+    let compactor = Arc::new(compactor::Compactor::new(
+        Arc::clone(&engine),
+        live.clone(),
+        metrics.clone(),
+        args.summarizer_api_key_file.clone(),
+    ));
     let gateway = Arc::new(pipeline::Gateway {
         live: live.clone(),
-        engine: Arc::new(engine_host::EngineHost::new(engine, storage, &args.data_dir)),
+        engine,
+        compactor,
         upstream,
         metrics,
         pending: pending::PendingOperations::new(args.max_held_bytes, held_state),

@@ -69,6 +69,8 @@ pub struct Gateway {
     pub responses: ResponseCache,
     /// Bytes used on the data volume.
     pub volume: Arc<super::volume::VolumeUsage>,
+    /// Compactions with the policy's summariser model, off the engine.
+    pub compactor: Arc<super::compactor::Compactor>,
 }
 
 impl Gateway {
@@ -192,7 +194,7 @@ async fn prepare(
     let work_settings = Arc::clone(&settings);
     let operation = operation_id.clone();
     let work_head = head.clone();
-    let (request, outcome) = gateway
+    let (request, outcome, ask) = gateway
         .with_engine(move |engine| {
             let turn = TurnRequest {
                 request: &request,
@@ -202,9 +204,12 @@ async fn prepare(
                 now_ms: now_ms(),
             };
             let outcome = engine.begin_turn(&work_settings.session, turn)?;
-            Ok((request, outcome))
+            Ok((request, outcome, engine.take_compaction_ask()))
         })
         .await?;
+    if let Some(ask) = ask {
+        gateway.compactor.start(ask);
+    }
     let admitted = match outcome {
         TurnOutcome::Admitted(admitted) => admitted,
         TurnOutcome::Blocked(notice) => {
@@ -295,12 +300,15 @@ async fn record_round(
     let started = Instant::now();
     let settings = Arc::clone(&prepared.settings);
     let answer = output.clone();
-    let (effects, call) = gateway
+    let (effects, call, ask) = gateway
         .with_engine(move |engine| {
             let effects = engine.record_answer(&settings.session, &call, &answer, now_ms())?;
-            Ok((effects, call))
+            Ok((effects, call, engine.take_compaction_ask()))
         })
         .await?;
+    if let Some(ask) = ask {
+        gateway.compactor.start(ask);
+    }
     let metrics = &gateway.metrics;
     for name in &effects.memory_calls {
         metrics.memory_tool_calls.with_label_values(&[name.as_str()]).inc();

@@ -13,7 +13,7 @@ use strata_api::agent::Provider;
 
 use super::errors::{GatewayError, json_response};
 use super::pipeline::{Gateway, chat};
-use strata_core::session::now_ms;
+use strata_core::session::CompactionAsk;
 use strata_core::session::turn::Api;
 
 /// Requests shown by `GET /strata/v1/inspect` unless `?limit=` says otherwise.
@@ -300,12 +300,8 @@ async fn compact(State(gateway): State<Arc<Gateway>>, request: Request) -> Respo
         }
     };
     let reason = parsed.reason.unwrap_or_else(|| "requested through POST /strata/v1/compact".into());
-    let settings = gateway.live.get();
-    let outcome = gateway
-        .with_engine(move |engine| {
-            engine.compact(&settings.session, mode, reason, parsed.resume_instruction, now_ms())
-        })
-        .await;
+    let ask = CompactionAsk { mode, reason, resume_instruction: parsed.resume_instruction };
+    let outcome = gateway.compactor.run(&ask).await;
     match outcome {
         Ok(Ok(record)) => {
             let status = if record.quality_check == strata_core::compaction::QualityCheck::Passed {

@@ -32,7 +32,7 @@ pub fn session_settings(
         Provider::Anthropic => UpstreamProvider::Anthropic,
         Provider::OpenAi => UpstreamProvider::OpenAI,
     };
-    engine_policy::session_settings(
+    let settings = engine_policy::session_settings(
         &effective,
         upstream,
         window,
@@ -40,7 +40,9 @@ pub fn session_settings(
         REPLAY_TENANT,
         REPLAY_TENANT,
     )
-    .context("translating the policy into engine settings")
+    .context("translating the policy into engine settings")?;
+    // Replay calls no model: every compaction is priced as the extractive one, in-process.
+    Ok(SessionSettings { model_summarizer: false, ..settings })
 }
 
 fn read_policy(path: &Path, window: u32) -> anyhow::Result<EffectivePolicy> {

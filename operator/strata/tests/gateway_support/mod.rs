@@ -107,10 +107,15 @@ pub struct Seen {
     pub raw: String,
 }
 
+/// Answers every request for one model, whatever the script says (a summariser model beside the
+/// agent's, called at times the test does not control).
+pub type ModelResponder = Arc<dyn Fn(&Value) -> Reply + Send + Sync>;
+
 #[derive(Default)]
 struct FakeState {
     script: Mutex<VecDeque<Reply>>,
     seen: Mutex<Vec<Seen>>,
+    by_model: Mutex<Vec<(String, ModelResponder)>>,
 }
 
 /// The fake upstream.
@@ -140,6 +145,11 @@ impl FakeUpstream {
         self.state.script.lock().unwrap().extend(replies);
     }
 
+    /// Answers every request naming `model` with `responder` (the script is left alone).
+    pub fn respond_to_model(&self, model: &str, responder: ModelResponder) {
+        self.state.by_model.lock().unwrap().push((model.to_owned(), responder));
+    }
+
     /// Drops the replies not used yet.
     pub fn unscript(&self) {
         self.state.script.lock().unwrap().clear();
@@ -167,9 +177,15 @@ impl FakeUpstream {
 }
 
 fn next_reply(state: &FakeState, path: &str, headers: &HeaderMap, raw: &str) -> Reply {
-    let body = serde_json::from_str(raw).unwrap();
-    let seen = Seen { path: path.to_owned(), headers: headers.clone(), body, raw: raw.to_owned() };
+    let body: Value = serde_json::from_str(raw).unwrap();
+    let responder = body["model"].as_str().and_then(|model| {
+        state.by_model.lock().unwrap().iter().find(|(name, _)| name == model).map(|(_, r)| Arc::clone(r))
+    });
+    let seen = Seen { path: path.to_owned(), headers: headers.clone(), body: body.clone(), raw: raw.to_owned() };
     state.seen.lock().unwrap().push(seen);
+    if let Some(responder) = responder {
+        return responder(&body);
+    }
     state.script.lock().unwrap().pop_front().unwrap_or_else(|| Reply::Text("ok".into()))
 }
 
@@ -411,6 +427,7 @@ pub fn args(config_path: &Path, data_dir: &Path) -> GatewayArgs {
         max_body_bytes: 1024 * 1024,
         max_upstream_response_bytes: strata::gateway::DEFAULT_MAX_RESPONSE_BYTES,
         max_held_bytes: strata::gateway::DEFAULT_MAX_HELD_BYTES,
+        summarizer_api_key_file: config_path.with_file_name("summarizer-api-key"),
         log: strata::logging::LogArgs::default(),
     }
 }

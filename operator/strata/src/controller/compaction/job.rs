@@ -15,11 +15,10 @@ use strata_api::compaction_job::CompactionMode;
 use strata_api::refs::LocalKeyRef;
 use strata_api::{Agent, CompactionJob};
 
-use crate::compact::SUMMARIZER_KEY_FILE;
 use crate::compact::exit::{EXIT_CHECK_FAILED, EXIT_DATA, EXIT_USAGE};
 use crate::controller::agent::build::{
     API_KEY_FILE, CONFIG_DIR, CONFIG_FILE, DATA_DIR, config_and_credentials_volumes, config_map_name,
-    journal_claim_name, mount, restricted, runtime_default_seccomp,
+    journal_claim_name, mount, restricted, runtime_default_seccomp, summarizer_mount, summarizer_volume,
 };
 use crate::controller::error::{Error, Result, name_of, namespace_of};
 use crate::controller::labels::{LABEL_AGENT, LABEL_COMPACTION_JOB, LABEL_MANAGED_BY, MANAGED_BY};
@@ -29,7 +28,6 @@ pub const COMPACT_CONTAINER: &str = "compact";
 /// Where the container writes its record.
 pub const TERMINATION_LOG: &str = "/dev/termination-log";
 /// Volume of the summariser's own API key.
-const SUMMARIZER_VOLUME: &str = "summarizer-credentials";
 /// Retries of a failed compaction pod.
 pub const BACKOFF_LIMIT: i32 = 2;
 /// A compaction that runs longer than this is stopped.
@@ -119,8 +117,6 @@ pub fn build_job(
     let credentials = &agent.spec.model.credentials_secret_ref;
     let credentials_dir = API_KEY_FILE.rsplit_once('/').map(|(dir, _)| dir).unwrap_or(API_KEY_FILE);
     let seccomp = runtime_default_seccomp();
-    let summarizer_dir =
-        SUMMARIZER_KEY_FILE.rsplit_once('/').map(|(dir, _)| dir).unwrap_or(SUMMARIZER_KEY_FILE);
     let mut mounts = vec![
         mount("journal", DATA_DIR, false),
         mount("config", CONFIG_DIR, true),
@@ -128,7 +124,7 @@ pub fn build_job(
         mount("tmp", "/tmp", false),
     ];
     if summarizer_credentials.is_some() {
-        mounts.push(mount(SUMMARIZER_VOLUME, summarizer_dir, true));
+        mounts.push(summarizer_mount());
     }
     let container = Container {
         name: COMPACT_CONTAINER.into(),
@@ -163,11 +159,7 @@ pub fn build_job(
         credentials_volume,
         Volume { name: "tmp".into(), empty_dir: Some(EmptyDirVolumeSource::default()), ..Volume::default() },
     ];
-    if let Some(key) = summarizer_credentials {
-        let [_, mut summarizer] = config_and_credentials_volumes(&config_map_name(&agent_name), key);
-        summarizer.name = SUMMARIZER_VOLUME.into();
-        volumes.push(summarizer);
-    }
+    volumes.extend(summarizer_credentials.map(summarizer_volume));
     Ok(Job {
         metadata: ObjectMeta {
             name: Some(job_name(compaction)),

@@ -23,7 +23,9 @@ pub use stateful_set::{
     API_KEY_FILE, CONFIG_DIR, DATA_DIR, GATEWAY_LISTEN, GATEWAY_PORT, JOURNAL_VOLUME, METRICS_PORT,
     journal_claim_name,
 };
-pub(crate) use stateful_set::{config_and_credentials_volumes, mount, restricted, runtime_default_seccomp};
+pub(crate) use stateful_set::{
+    config_and_credentials_volumes, mount, restricted, runtime_default_seccomp, summarizer_mount, summarizer_volume,
+};
 
 use crate::controller::child_index::ChildKind;
 use crate::controller::context::Settings;
@@ -101,7 +103,12 @@ pub fn build(agent: &Agent, validated: &Validated, settings: &Settings) -> Resul
         config_map: with_spec_hash(config_map::config_map(&meta, agent, validated)?)?,
         service: with_spec_hash(service::service(&meta))?,
         network_policy: with_spec_hash(network_policy::network_policy(&meta, settings))?,
-        stateful_set: with_spec_hash(stateful_set::stateful_set(&meta, agent, settings)?)?,
+        stateful_set: with_spec_hash(stateful_set::stateful_set(
+            &meta,
+            agent,
+            settings,
+            validated.resolution.policy.compaction.summarizer.credentials_secret_ref.as_ref(),
+        )?)?,
     })
 }
 

@@ -25,6 +25,7 @@ use strata_api::refs::LocalKeyRef;
 
 use super::config_map::{CONFIG_FILE, config_map_name};
 use super::metadata::ChildMeta;
+use crate::compact::SUMMARIZER_KEY_FILE;
 use crate::controller::agent::dereference::GATEWAY_CONTAINER;
 use crate::controller::context::Settings;
 use crate::controller::error::Result;
@@ -47,6 +48,8 @@ pub const CREDENTIALS_DIR: &str = "/var/run/strata/credentials";
 pub const API_KEY_FILE: &str = "/var/run/strata/credentials/api-key";
 /// Name of the journal volumeClaimTemplate.
 pub const JOURNAL_VOLUME: &str = "journal";
+/// The volume holding the summariser's own API key.
+const SUMMARIZER_VOLUME: &str = "summarizer-credentials";
 /// UID and GID of the gateway process.
 pub const GATEWAY_UID: i64 = 65532;
 /// Default journal size.
@@ -64,7 +67,14 @@ pub fn journal_claim_name(agent: &str) -> String {
 }
 
 /// The StatefulSet.
-pub fn stateful_set(meta: &ChildMeta, agent: &Agent, settings: &Settings) -> Result<StatefulSet> {
+/// `summarizer_key` is the summariser's own API key when the effective policy names one: the
+/// gateway mounts it for its compactions with the summariser model.
+pub fn stateful_set(
+    meta: &ChildMeta,
+    agent: &Agent,
+    settings: &Settings,
+    summarizer_key: Option<&LocalKeyRef>,
+) -> Result<StatefulSet> {
     let suspended = agent.spec.suspend.unwrap_or(false);
     Ok(StatefulSet {
         metadata: meta.object_meta(&meta.agent),
@@ -73,7 +83,7 @@ pub fn stateful_set(meta: &ChildMeta, agent: &Agent, settings: &Settings) -> Res
             service_name: Some(meta.agent.clone()),
             selector: LabelSelector { match_labels: Some(meta.selector.clone()), match_expressions: None },
             revision_history_limit: Some(3),
-            template: pod_template(meta, agent, settings)?,
+            template: pod_template(meta, agent, settings, summarizer_key)?,
             volume_claim_templates: Some(vec![journal_claim(meta, agent)]),
             persistent_volume_claim_retention_policy: Some(claim_retention(agent)),
             ..StatefulSetSpec::default()
@@ -94,15 +104,23 @@ pub fn claim_retention(agent: &Agent) -> StatefulSetPersistentVolumeClaimRetenti
 
 /// The pod template. Its annotations hash only what must restart the pod (model and credentials);
 /// policy lives in the ConfigMap, which the gateway reloads in place.
-fn pod_template(meta: &ChildMeta, agent: &Agent, settings: &Settings) -> Result<PodTemplateSpec> {
+fn pod_template(
+    meta: &ChildMeta,
+    agent: &Agent,
+    settings: &Settings,
+    summarizer_key: Option<&LocalKeyRef>,
+) -> Result<PodTemplateSpec> {
     let model = &agent.spec.model;
-    let rollout_inputs = json!({
+    let mut rollout_inputs = json!({
         "provider": model.provider,
         "model": model.name,
         "endpoint": model.endpoint,
         "tokenizer": model.effective_tokenizer(),
         "credentials": model.credentials_secret_ref,
     });
+    if let Some(key) = summarizer_key {
+        rollout_inputs["summarizerCredentials"] = json!(key);
+    }
     let rollout_hash = json_sha256(&rollout_inputs, "pod rollout inputs")?;
     Ok(PodTemplateSpec {
         metadata: Some(ObjectMeta {
@@ -120,13 +138,27 @@ fn pod_template(meta: &ChildMeta, agent: &Agent, settings: &Settings) -> Result<
                 seccomp_profile: Some(runtime_default_seccomp()),
                 ..PodSecurityContext::default()
             }),
-            init_containers: Some(vec![gateway_container(meta, settings)]),
+            init_containers: Some(vec![gateway_container(meta, settings, summarizer_key.is_some())]),
             containers: vec![runtime_container(agent)],
-            volumes: Some(volumes(meta, agent)),
+            volumes: Some(volumes(meta, agent, summarizer_key)),
             affinity: cache_affinity(meta, agent),
             ..PodSpec::default()
         }),
     })
+}
+
+/// The volume of the summariser's own API key (`SUMMARIZER_KEY_FILE`), for the gateway and the
+/// compaction Job.
+pub(crate) fn summarizer_volume(key: &LocalKeyRef) -> Volume {
+    let [_, mut volume] = config_and_credentials_volumes("", key);
+    volume.name = SUMMARIZER_VOLUME.into();
+    volume
+}
+
+/// Where the summariser's key volume is mounted: the directory of `SUMMARIZER_KEY_FILE`.
+pub(crate) fn summarizer_mount() -> VolumeMount {
+    let dir = SUMMARIZER_KEY_FILE.rsplit_once('/').map(|(dir, _)| dir).unwrap_or(SUMMARIZER_KEY_FILE);
+    mount(SUMMARIZER_VOLUME, dir, true)
 }
 
 /// The `config` (gateway.json) and `credentials` (the provider key as `api-key`) volumes that the
@@ -201,7 +233,7 @@ fn field_env(name: &str, path: &str) -> EnvVar {
 }
 
 /// The gateway, as a native sidecar (an init container that keeps running).
-fn gateway_container(meta: &ChildMeta, settings: &Settings) -> Container {
+fn gateway_container(meta: &ChildMeta, settings: &Settings, summarizer_key: bool) -> Container {
     let metrics_listen = format!("0.0.0.0:{METRICS_PORT}");
     let config_path = format!("{CONFIG_DIR}/{CONFIG_FILE}");
     let args = [
@@ -244,13 +276,19 @@ fn gateway_container(meta: &ChildMeta, settings: &Settings) -> Container {
             ..ResourceRequirements::default()
         }),
         security_context: Some(restricted(true, Some(GATEWAY_UID))),
-        volume_mounts: Some(vec![
-            mount(JOURNAL_VOLUME, DATA_DIR, false),
-            mount("config", CONFIG_DIR, true),
-            mount("credentials", CREDENTIALS_DIR, true),
-            mount("service-account-token", SERVICE_ACCOUNT_DIR, true),
-            mount("tmp", "/tmp", false),
-        ]),
+        volume_mounts: Some({
+            let mut mounts = vec![
+                mount(JOURNAL_VOLUME, DATA_DIR, false),
+                mount("config", CONFIG_DIR, true),
+                mount("credentials", CREDENTIALS_DIR, true),
+                mount("service-account-token", SERVICE_ACCOUNT_DIR, true),
+                mount("tmp", "/tmp", false),
+            ];
+            if summarizer_key {
+                mounts.push(summarizer_mount());
+            }
+            mounts
+        }),
         termination_message_policy: Some("FallbackToLogsOnError".into()),
         ..Container::default()
     }
@@ -280,10 +318,10 @@ fn runtime_container(agent: &Agent) -> Container {
     }
 }
 
-fn volumes(meta: &ChildMeta, agent: &Agent) -> Vec<Volume> {
+fn volumes(meta: &ChildMeta, agent: &Agent, summarizer_key: Option<&LocalKeyRef>) -> Vec<Volume> {
     let credentials = &agent.spec.model.credentials_secret_ref;
     let [config, credentials] = config_and_credentials_volumes(&config_map_name(&meta.agent), credentials);
-    vec![
+    let mut volumes = vec![
         config,
         credentials,
         Volume {
@@ -329,7 +367,9 @@ fn volumes(meta: &ChildMeta, agent: &Agent) -> Vec<Volume> {
             ..Volume::default()
         },
         Volume { name: "tmp".into(), empty_dir: Some(EmptyDirVolumeSource::default()), ..Volume::default() },
-    ]
+    ];
+    volumes.extend(summarizer_key.map(summarizer_volume));
+    volumes
 }
 
 fn journal_claim(meta: &ChildMeta, agent: &Agent) -> PersistentVolumeClaim {
