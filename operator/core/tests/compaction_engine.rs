@@ -166,9 +166,16 @@ fn extractive_compaction_keeps_what_matters_and_archives_the_rest() {
     assert!(record.compaction_id.starts_with("cmp:"));
     assert_eq!(record.created_at.as_deref(), Some("2026-01-01T00:00:00Z"));
     let entries = journal.entries();
-    let kept: Vec<EntryId> =
-        entries.iter().take_while(|e| e.id.kind() != EntryKind::Summary).map(|e| e.id).collect();
-    // Critical policy, the unanswered deploy call, and the last two entries, in journal order.
+    let summary_at = entries.iter().position(|e| e.id.kind() == EntryKind::Summary).unwrap();
+    // The Critical policy, then the summary and the resume instruction, then the deploy call still
+    // waiting for its result (so the result journaled later follows it) and the entry after it.
+    assert_eq!(summary_at, 1);
+    let kept: Vec<EntryId> = entries
+        .iter()
+        .enumerate()
+        .filter(|(at, _)| *at != summary_at && *at != summary_at + 1)
+        .map(|(_, e)| e.id)
+        .collect();
     assert_eq!(kept, vec![ids["policy"], ids["deploy_call"], ids["last"]]);
     for id in &kept {
         assert_eq!(
@@ -177,7 +184,7 @@ fn extractive_compaction_keeps_what_matters_and_archives_the_rest() {
             "{id} not verbatim"
         );
     }
-    let summary = &entries[kept.len()];
+    let summary = &entries[summary_at];
     assert_eq!(record.summary_asset_id, Some(summary.id.to_string()));
     assert_eq!(summary.retention, RetentionClass::Critical);
     let state = state_of(summary);
@@ -193,7 +200,7 @@ fn extractive_compaction_keeps_what_matters_and_archives_the_rest() {
     assert!(state.affected_files.contains(&"services/auth.py".to_owned()));
     assert!(!state.project_summary.contains("HEARTBEAT"));
     assert!(state.evidence_refs.artifact_refs.contains(record.raw_archive.as_ref().unwrap()));
-    let resume = &entries[kept.len() + 1];
+    let resume = &entries[summary_at + 1];
     assert_eq!(resume.content.text, "Continue with the Redis retry fix in auth.py.");
     assert_eq!(entries.len(), kept.len() + 2);
 
@@ -227,7 +234,11 @@ fn second_compaction_summarises_only_the_delta_and_carries_the_state() {
     let prepared = PreparedCompaction::new(journal.begin_compaction().unwrap(), request(1));
     let input = prepared.summary_input();
     assert!(input.previous.is_some(), "the previous state is the input, not the history");
-    assert_eq!(input.delta.len(), 5, "resume instruction + 4 new entries");
+    assert_eq!(
+        input.delta.len(),
+        7,
+        "the resume instruction, the deploy call kept after it with the entry that followed, and 4 new entries"
+    );
     let state = ExtractiveSummarizer::default().summarize_now(input);
     assert!(
         state.decisions.iter().any(|d| d.text.contains("exponential backoff")),

@@ -20,7 +20,8 @@ use strata_core::entry::{Content, Role, ToolCall, ToolResult};
 use strata_core::journal::{Journal, JournalOptions, StdStorage};
 use strata_core::session::protocol::check_request;
 use strata_core::session::{
-    Api, AssistantOutput, CompactionAsk, ChatRequest, SessionEngine, SessionSettings, Turn, TurnOutcome, TurnRequest,
+    Api, AssistantOutput, ChatRequest, CompactionAsk, SessionEngine, SessionSettings, Turn, TurnOutcome,
+    TurnRequest,
 };
 
 /// What the model answers to a request.

@@ -421,12 +421,16 @@ fn the_summarisers_own_key_is_mounted_in_the_sidecar_for_its_compactions() {
     let sample_secret = pod(&plain).volumes.unwrap().into_iter().find(|v| v.name == "summarizer-credentials");
     assert_eq!(sample_secret.unwrap().secret.unwrap().secret_name.as_deref(), Some("anthropic-api"));
     let mut with_key = agent("builder");
-    with_key.spec.overrides.as_mut().unwrap().compaction.as_mut().unwrap().summarizer = Some(SummarizerSpec {
-        model: Some("gpt-4o-mini".into()),
-        provider: Some(Provider::OpenAI),
-        credentials_secret_ref: Some(LocalKeyRef { name: "openai-summarizer".into(), key: "token".into() }),
-        ..SummarizerSpec::default()
-    });
+    with_key.spec.overrides.as_mut().unwrap().compaction.as_mut().unwrap().summarizer =
+        Some(SummarizerSpec {
+            model: Some("gpt-4o-mini".into()),
+            provider: Some(Provider::OpenAI),
+            credentials_secret_ref: Some(LocalKeyRef {
+                name: "openai-summarizer".into(),
+                key: "token".into(),
+            }),
+            ..SummarizerSpec::default()
+        });
     let children = children(&with_key);
     let mount = sidecar(&children)
         .volume_mounts

@@ -141,7 +141,9 @@ async fn at_the_trigger_the_model_compacts_in_the_background_and_turns_sent_mean
     assert!(!prompt.contains("Build note 0:"), "the oldest notes were compacted away");
     let metrics = gateway.metrics().await;
     assert!(
-        metrics.contains(r#"strata_gateway_summarized_compactions_total{outcome="committed",summarizer="model"} 1"#),
+        metrics.contains(
+            r#"strata_gateway_summarized_compactions_total{outcome="committed",summarizer="model"} 1"#
+        ),
         "{metrics}"
     );
     assert!(metrics.contains("strata_gateway_compactions_total 1"), "{metrics}");
@@ -150,7 +152,10 @@ async fn at_the_trigger_the_model_compacts_in_the_background_and_turns_sent_mean
 #[tokio::test]
 async fn a_failing_summariser_model_falls_back_to_the_extractive_summariser() {
     let fake = FakeUpstream::start().await;
-    fake.respond_to_model(SUMMARIZER, Arc::new(|_| Reply::Error(500, r#"{"error": {"message": "down"}}"#.into())));
+    fake.respond_to_model(
+        SUMMARIZER,
+        Arc::new(|_| Reply::Error(500, r#"{"error": {"message": "down"}}"#.into())),
+    );
     let gateway = Harness::start(&fake, Provider::OpenAI, small_window).await;
     let mut sent = 0;
     while summarizer_calls(&fake) == 0 {
@@ -170,7 +175,9 @@ async fn a_failing_summariser_model_falls_back_to_the_extractive_summariser() {
     assert!(!last_agent_prompt(&fake).contains(MODEL_SUMMARY));
     let metrics = gateway.metrics().await;
     assert!(
-        metrics.contains(r#"strata_gateway_summarized_compactions_total{outcome="committed",summarizer="fallback"} 1"#),
+        metrics.contains(
+            r#"strata_gateway_summarized_compactions_total{outcome="committed",summarizer="fallback"} 1"#
+        ),
         "{metrics}"
     );
 }

@@ -1,6 +1,7 @@
 //! From a summary to a generation switch: check, archive the removed entries, build the baseline
 //! (kept entries, `summary_N`, resume instruction), commit in-process or by proposal, and record.
 
+use std::collections::HashSet;
 use std::path::{Path, PathBuf};
 
 use crate::artifacts::{ArtifactRef, ArtifactStore};
@@ -114,11 +115,15 @@ impl PreparedCompaction {
             &summary_hash,
             &now.to_string(),
         ]);
-        let mut baseline: Vec<BaselineEntry> =
-            self.input.retained.iter().copied().map(BaselineEntry::Keep).collect();
-        let summary_position = baseline.len();
+        // The summary and resume instruction go after the kept entries, except that a tool call
+        // still waiting for its result stays last: its result, journaled after the switch, must
+        // follow it directly.
+        let summary_position = self.first_open_call().unwrap_or(self.input.retained.len());
+        let (before, after) = self.input.retained.split_at(summary_position);
+        let mut baseline: Vec<BaselineEntry> = before.iter().copied().map(BaselineEntry::Keep).collect();
         baseline.push(BaselineEntry::New(summary));
         baseline.push(BaselineEntry::New(resume));
+        baseline.extend(after.iter().copied().map(BaselineEntry::Keep));
         Ok(Conclusion::Ready(ReadyCompaction {
             generation: self.snapshot.generation,
             watermark: self.snapshot.watermark,
@@ -127,6 +132,27 @@ impl PreparedCompaction {
             summary_hash,
             record,
         }))
+    }
+
+    /// Position, among the kept entries, of the first one holding a tool call the snapshot has no
+    /// result for.
+    fn first_open_call(&self) -> Option<usize> {
+        let answered: HashSet<&str> = self
+            .snapshot
+            .entries
+            .iter()
+            .flat_map(|entry| entry.content.tool_results.iter().map(|result| result.call_id.as_str()))
+            .collect();
+        let open: HashSet<EntryId> = self
+            .snapshot
+            .entries
+            .iter()
+            .filter(|entry| {
+                entry.content.tool_calls.iter().any(|call| !answered.contains(call.call_id.as_str()))
+            })
+            .map(|entry| entry.id)
+            .collect();
+        self.input.retained.iter().position(|id| open.contains(id))
     }
 
     /// The record fields known before the summary: ID, mode, span, assets, tokens before.

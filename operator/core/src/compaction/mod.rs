@@ -10,7 +10,8 @@
 //! 3. [`PreparedCompaction::conclude`] runs the preservation check ([`check_preservation`]). On
 //!    failure nothing changes and the record says Failed. On success the removed entries are
 //!    archived (reopenable by `data_ref`) and the baseline is built: kept entries in journal
-//!    order, then `summary_N` (the state as JSON, Critical), then the resume instruction. The next
+//!    order, then `summary_N` (the state as JSON, Critical), then the resume instruction (a kept tool
+//!    call still waiting for its result, and what follows it, stay after them). The next
 //!    compaction's delta is exactly what follows the summary.
 //! 4. [`ReadyCompaction::commit`] switches generations in the writer, or
 //!    [`ReadyCompaction::proposal`] hands the baseline to the writer of another process; either

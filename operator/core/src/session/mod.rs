@@ -20,11 +20,11 @@ pub mod tool_schema;
 pub mod transparent;
 pub mod turn;
 
+pub use compacting::{CompactionAsk, is_superseded};
 pub use engine::{
     AnswerEffects, ChurnCause, EngineError, EntrySummary, LOWER_BUDGET_PERCENTS, Rewind, RewindCause,
     SectionSummary, SessionEngine, TurnOutcome, TurnRequest, UpstreamCall, now_ms,
 };
-pub use compacting::{CompactionAsk, is_superseded};
 pub use inspect::{ContextEvent, EntryDetail};
 pub use settings::SessionSettings;
 pub use state::{CorruptState, StateDir};

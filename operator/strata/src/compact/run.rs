@@ -317,4 +317,3 @@ fn check_mode_arguments(args: &CompactArgs) -> Result<(), CompactFailure> {
     }
     Ok(())
 }
-

@@ -60,7 +60,10 @@ impl Compactor {
         let compactor = Arc::clone(self);
         tokio::spawn(async move {
             let Ok(_running) = compactor.running.try_lock() else {
-                tracing::debug!(mode = ask.mode.as_str(), "a compaction is already running; this ask is dropped");
+                tracing::debug!(
+                    mode = ask.mode.as_str(),
+                    "a compaction is already running; this ask is dropped"
+                );
                 return;
             };
             match compactor.run_unlocked(&ask).await {
@@ -77,7 +80,9 @@ impl Compactor {
                 Ok(Err(error)) => {
                     tracing::warn!(mode = ask.mode.as_str(), %error, "background compaction did not commit")
                 }
-                Err(error) => tracing::error!(mode = ask.mode.as_str(), %error, "background compaction failed"),
+                Err(error) => {
+                    tracing::error!(mode = ask.mode.as_str(), %error, "background compaction failed")
+                }
             }
         });
     }
@@ -111,7 +116,8 @@ impl Compactor {
                 engine.prepare_compaction(&work.session, &work_ask, now_ms())
             })
             .await?;
-        let extractive = ExtractiveSummarizer { max_summary_tokens: settings.session.compaction.max_summary_tokens };
+        let extractive =
+            ExtractiveSummarizer { max_summary_tokens: settings.session.compaction.max_summary_tokens };
         let (state, version, label) = match summarize(llm, &settings, prepared.summary_input()).await {
             Ok((state, version)) => (state, version, "model"),
             Err(failure) => {
@@ -156,7 +162,8 @@ impl Compactor {
         let llm = llm_settings(&settings.config, model, &self.key_file)
             .map_err(|error| format!("the summariser cannot be reached: {error}"))
             .and_then(|llm| {
-                LlmSummarizer::new(llm).map_err(|error| format!("building the summariser's HTTP client: {error}"))
+                LlmSummarizer::new(llm)
+                    .map_err(|error| format!("building the summariser's HTTP client: {error}"))
             });
         Choice::Model(llm)
     }

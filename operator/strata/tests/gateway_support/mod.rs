@@ -181,7 +181,8 @@ fn next_reply(state: &FakeState, path: &str, headers: &HeaderMap, raw: &str) -> 
     let responder = body["model"].as_str().and_then(|model| {
         state.by_model.lock().unwrap().iter().find(|(name, _)| name == model).map(|(_, r)| Arc::clone(r))
     });
-    let seen = Seen { path: path.to_owned(), headers: headers.clone(), body: body.clone(), raw: raw.to_owned() };
+    let seen =
+        Seen { path: path.to_owned(), headers: headers.clone(), body: body.clone(), raw: raw.to_owned() };
     state.seen.lock().unwrap().push(seen);
     if let Some(responder) = responder {
         return responder(&body);

@@ -24,7 +24,8 @@ pub use stateful_set::{
     journal_claim_name,
 };
 pub(crate) use stateful_set::{
-    config_and_credentials_volumes, mount, restricted, runtime_default_seccomp, summarizer_mount, summarizer_volume,
+    config_and_credentials_volumes, mount, restricted, runtime_default_seccomp, summarizer_mount,
+    summarizer_volume,
 };
 
 use crate::controller::child_index::ChildKind;
