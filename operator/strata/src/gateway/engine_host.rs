@@ -4,7 +4,9 @@
 //!
 //! Group commit: journal appends are written under the engine lock but fsynced outside it, one
 //! fsync covering every append made before it started, so concurrent turns share an fsync and no
-//! request holds the engine while the disk flushes.
+//! request holds the engine while the disk flushes. When no flush is in progress, the blocking task
+//! that did the work fsyncs right after releasing the engine (one hand-off per engine call); while
+//! one is, later requests wait for the next shared flush.
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -158,6 +160,14 @@ impl EngineHost {
         self.lock().fault.as_ref().map(|fault| fault.cause.clone())
     }
 
+    /// Fsyncs `paths`; the error names the file.
+    fn fsync(&self, paths: &[PathBuf]) -> Result<(), String> {
+        for path in paths {
+            self.storage.sync_file(path).map_err(|error| format!("fsync {}: {error}", path.display()))?;
+        }
+        Ok(())
+    }
+
     /// Times the engine was reloaded from the journal.
     pub fn reloads(&self) -> u64 {
         self.reloads.load(Ordering::Relaxed)
@@ -180,15 +190,36 @@ impl EngineHost {
             }
             let seq = engine.appended_seq();
             let poisoned = engine.journal().is_poisoned();
-            match value {
+            let value = match value {
                 Err(error) if is_storage_fault(&error) || poisoned => {
                     let cause = error.to_string();
                     host.unload(&mut slot, cause.clone());
-                    Err(GatewayError::EngineUnavailable { cause, reason: RELOAD_REASON.into() })
+                    return Err(GatewayError::EngineUnavailable { cause, reason: RELOAD_REASON.into() });
                 }
-                Err(error) => Err(GatewayError::Engine(error)),
-                Ok(value) => Ok((value, epoch, seq)),
+                Err(error) => return Err(GatewayError::Engine(error)),
+                Ok(value) => value,
+            };
+            // The common case: no flush in progress, so this thread fsyncs at once (after letting go
+            // of the engine) instead of handing the flush to another blocking task. Writes of other
+            // requests made before the target was taken are covered too.
+            if host.synced.load(Ordering::Acquire) < seq
+                && let Ok(_flushing) = host.flushing.try_lock()
+            {
+                let target = engine.durable_target();
+                drop(slot);
+                if let Err(cause) = host.fsync(&target.paths) {
+                    let mut slot = host.lock();
+                    if host.epoch.load(Ordering::Acquire) == epoch {
+                        host.unload(&mut slot, format!("journal fsync failed: {cause}"));
+                    }
+                    return Err(GatewayError::EngineUnavailable {
+                        cause: format!("journal fsync failed: {cause}"),
+                        reason: RELOAD_REASON.into(),
+                    });
+                }
+                host.synced.fetch_max(target.seq, Ordering::AcqRel);
             }
+            Ok((value, epoch, seq))
         })
         .await;
         let (value, epoch, seq) = match outcome {
@@ -237,9 +268,7 @@ impl EngineHost {
                     }
                 }
             };
-            for path in &target.paths {
-                host.storage.sync_file(path).map_err(|error| format!("fsync {}: {error}", path.display()))?;
-            }
+            host.fsync(&target.paths)?;
             Ok(target.seq)
         })
         .await

@@ -287,8 +287,10 @@ async fn plan(gateway: &Gateway, prepared: &mut Prepared) -> Result<UpstreamCall
 }
 
 /// Journals one round's answer through the engine (which learns from its usage and runs its
-/// memory tools) and records the round. Returns whether the round only called memory tools (the
-/// gateway calls the model again).
+/// memory tools) and records the round; in a transparent session, a final round's answer is also
+/// remembered as the client will see it (`earlier_texts` are the texts of the request's earlier
+/// rounds), in the same hand-off to the engine. Returns whether the round only called memory tools
+/// (the gateway calls the model again).
 async fn record_round(
     gateway: &Gateway,
     prepared: &mut Prepared,
@@ -296,13 +298,21 @@ async fn record_round(
     output: &AssistantOutput,
     upstream_time: Duration,
     total: &mut Usage,
+    earlier_texts: &[String],
 ) -> Result<bool, GatewayError> {
     let started = Instant::now();
     let settings = Arc::clone(&prepared.settings);
     let answer = output.clone();
+    let chain_tail = prepared.chain_tail;
+    let api = prepared.request.api;
+    let mut texts = earlier_texts.to_vec();
     let (effects, call, ask) = gateway
         .with_engine(move |engine| {
             let effects = engine.record_answer(&settings.session, &call, &answer, now_ms())?;
+            if !effects.internal && chain_tail.is_some() {
+                texts.push(answer.text.clone());
+                engine.remember_answer(chain_tail, &visible_turn(api, &texts, &answer))?;
+            }
             Ok((effects, call, engine.take_compaction_ask()))
         })
         .await?;
@@ -340,15 +350,6 @@ async fn record_round(
     });
     prepared.overhead += started.elapsed();
     Ok(effects.internal)
-}
-
-/// Remembers the answer the client saw, so its echo in the next transparent request is recognised.
-async fn remember_answer(gateway: &Gateway, prepared: &Prepared, visible: &Turn) -> Result<(), GatewayError> {
-    if prepared.chain_tail.is_some() {
-        let (tail, visible) = (prepared.chain_tail, visible.clone());
-        gateway.with_engine(move |engine| engine.remember_answer(tail, &visible)).await?;
-    }
-    Ok(())
 }
 
 fn visible_turn(api: Api, texts: &[String], final_output: &AssistantOutput) -> Turn {
@@ -394,7 +395,8 @@ async fn complete(
         let bytes = gateway.upstream.read_body(&prepared.settings, response).await?;
         let upstream_time = upstream_started.elapsed();
         let output = parse_answer(api, &bytes)?;
-        let internal = record_round(gateway, &mut prepared, call, &output, upstream_time, &mut total).await?;
+        let internal =
+            record_round(gateway, &mut prepared, call, &output, upstream_time, &mut total, &texts).await?;
         texts.push(output.text.clone());
         if internal {
             continue;
@@ -405,7 +407,6 @@ async fn complete(
             Api::OpenAi => openai::client_response(&output, &earlier.concat(), &total),
             Api::Anthropic => anthropic::client_response(&output, earlier, &total),
         };
-        remember_answer(gateway, &prepared, &visible_turn(api, &texts, &output)).await?;
         let body = Bytes::from(body.to_string());
         if let Some(key) = prepared.cache_key
             && texts.len() == 1
@@ -551,7 +552,9 @@ async fn stream_rounds(
         let upstream_time = upstream_started.elapsed();
         let output = translator.finish_round();
         let internal =
-            match record_round(&gateway, &mut prepared, call, &output, upstream_time, &mut total).await {
+            match record_round(&gateway, &mut prepared, call, &output, upstream_time, &mut total, &texts)
+                .await
+            {
                 Ok(internal) => internal,
                 Err(error) => {
                     client.send(stream_error_event(api, &error)).await;
@@ -564,15 +567,10 @@ async fn stream_rounds(
             for bytes in translator.closing(&total) {
                 client.send(bytes).await;
             }
-            let outcome =
-                match remember_answer(&gateway, &prepared, &visible_turn(api, &texts, &output)).await {
-                    Ok(()) => "ok".to_owned(),
-                    Err(error) => error.to_string(),
-                };
             if let (Some(key), Some(copy), 1) = (prepared.cache_key, client.copy.take(), texts.len()) {
                 gateway.responses.put(key, true, Bytes::from(copy), response_cache_ttl(&prepared.settings));
             }
-            finish_record(&gateway, prepared, &outcome);
+            finish_record(&gateway, prepared, "ok");
             return;
         }
         if round + 1 == MAX_ROUNDS {
