@@ -6,6 +6,8 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use kube::{CustomResource, KubeSchema};
 use serde::{Deserialize, Serialize};
 
+pub use strata_core::compaction::{CompactionMode, CompactionRecord, QualityCheck};
+
 use crate::refs::LocalRef;
 
 /// A request to compact, purge or roll back an agent's journal.
@@ -64,21 +66,6 @@ pub struct CompactionJobSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = 0, max = 31_536_000))]
     pub ttl_seconds_after_finished: Option<u32>,
-}
-
-/// Compaction mode (seed 001 §17.15.1, plus rollback and purge).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize, schemars::JsonSchema)]
-pub enum CompactionMode {
-    /// After a completed task or phase.
-    TaskBoundary,
-    /// Because the budget requires it.
-    Budget,
-    /// To avoid failure; falls back to the extractive summariser.
-    Emergency,
-    /// Restore a retained generation.
-    Rollback,
-    /// Remove specific entries, replaced by a summary.
-    Purge,
 }
 
 /// Rollback target.
@@ -144,57 +131,5 @@ pub enum CompactionPhase {
     /// The new generation is CURRENT.
     Succeeded,
     /// Nothing changed; see reason and record.
-    Failed,
-}
-
-/// The compaction record (seed 001 §17.15.3 and §17.22.3).
-#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
-#[serde(rename_all = "camelCase")]
-pub struct CompactionRecord {
-    /// Unique id, `cmp:...`.
-    pub compaction_id: String,
-    /// Mode that ran.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub mode: Option<CompactionMode>,
-    /// Why it ran.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub reason: Option<String>,
-    /// Generation that was compacted.
-    pub source_generation: u64,
-    /// Generation that became CURRENT (equal to the source when the check failed).
-    pub result_generation: u64,
-    /// Context tokens before.
-    pub tokens_before: u64,
-    /// Context tokens after.
-    pub tokens_after: u64,
-    /// CompactedState fields found represented.
-    #[serde(default)]
-    pub preserved_fields: Vec<String>,
-    /// Items the preservation check found missing.
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub missing_items: Vec<String>,
-    /// Passed or Failed.
-    pub quality_check: QualityCheck,
-    /// The summary entry, e.g. summary_212.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub summary_asset_id: Option<String>,
-    /// Privacy scope of the compacted state.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub privacy_scope: Option<String>,
-    /// Summariser model or `extractive`.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub model_or_service_version: Option<String>,
-    /// RFC 3339 creation time.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub created_at: Option<String>,
-}
-
-/// Outcome of the preservation check.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
-pub enum QualityCheck {
-    /// Every required item is represented.
-    #[default]
-    Passed,
-    /// Something is missing; the old generation stays CURRENT.
     Failed,
 }

@@ -16,9 +16,7 @@ use sha2::{Digest, Sha256};
 use crate::cluster_policy::ClusterContextPolicy;
 use crate::context_policy::ContextPolicy;
 use crate::fields::{NumericField, PolicyField};
-use crate::policy::{
-    BreakpointMode, CompactedStateField, PolicySpec, RetentionClass, RetentionMatch, RetentionRule,
-};
+use crate::policy::{BreakpointMode, PolicySpec, RetentionClass, RetentionMatch, RetentionRule, StateField};
 use crate::selector::{SelectorError, selector_matches};
 
 /// The fully resolved policy: every field has a value.
@@ -100,7 +98,7 @@ pub struct EffectiveCompaction {
     /// Summariser.
     pub summarizer: EffectiveSummarizer,
     /// Fields that must be non-empty when the source has signals.
-    pub required_fields: Vec<CompactedStateField>,
+    pub required_fields: Vec<StateField>,
 }
 
 /// Resolved summariser.
@@ -197,11 +195,11 @@ impl Default for EffectivePolicy {
                     credentials_secret_ref: None,
                 },
                 required_fields: vec![
-                    CompactedStateField::ActiveObjective,
-                    CompactedStateField::HardConstraints,
-                    CompactedStateField::Decisions,
-                    CompactedStateField::OpenQuestions,
-                    CompactedStateField::ToolState,
+                    StateField::ActiveObjective,
+                    StateField::HardConstraints,
+                    StateField::Decisions,
+                    StateField::OpenQuestions,
+                    StateField::ToolState,
                 ],
             },
             cache: EffectiveCache {

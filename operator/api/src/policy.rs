@@ -6,6 +6,8 @@
 use kube::KubeSchema;
 use serde::{Deserialize, Serialize};
 
+pub use strata_core::compaction::StateField;
+
 /// A partial context policy. Unset fields inherit from the layer below.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, KubeSchema)]
 #[serde(rename_all = "camelCase")]
@@ -214,7 +216,7 @@ pub struct CompactionSpec {
     /// CompactedState fields that must be non-empty whenever the source has signals for them.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(max = 16))]
-    pub required_fields: Option<Vec<CompactedStateField>>,
+    pub required_fields: Option<Vec<StateField>>,
 }
 
 /// The summariser model, and where it is reached (by default: the Agent's own provider, endpoint
@@ -246,30 +248,6 @@ pub struct SummarizerSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = 256, max = 200_000))]
     pub max_summary_tokens: Option<u32>,
-}
-
-/// A field of the CompactedState that a policy can require.
-#[derive(
-    Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize, schemars::JsonSchema,
-)]
-#[serde(rename_all = "camelCase")]
-pub enum CompactedStateField {
-    /// The active objective.
-    ActiveObjective,
-    /// The current request.
-    CurrentRequest,
-    /// Hard constraints.
-    HardConstraints,
-    /// Confirmed decisions.
-    Decisions,
-    /// Open questions.
-    OpenQuestions,
-    /// Tool state: pending actions, approvals, side effects.
-    ToolState,
-    /// Evidence references.
-    EvidenceRefs,
-    /// Privacy scope.
-    PrivacyScope,
 }
 
 /// Cache behaviour.

@@ -7,7 +7,7 @@ use strata_api::effective::{
 };
 use strata_api::policy::BreakpointMode;
 use strata_core::budget::{BudgetError, BudgetPolicy};
-use strata_core::compaction::{CompactionSettings, StateField};
+use strata_core::compaction::CompactionSettings;
 use strata_core::compiler::BreakpointPlacement;
 use strata_core::prefix::StablePrefixSources;
 use strata_core::redaction::{PatternError, Redactor};
@@ -31,9 +31,6 @@ pub enum PolicyError {
     /// A retention rule does not have the engine's shape.
     #[error("policy.retention.rules: {0}")]
     RetentionShape(#[source] serde_json::Error),
-    /// A required compaction field does not have the engine's shape.
-    #[error("policy.compaction.requiredFields: {0}")]
-    RequiredFields(#[source] serde_json::Error),
 }
 
 /// The provider API an upstream speaks.
@@ -77,8 +74,7 @@ pub fn session_settings(
         classifier,
         placement,
         stable_prefix: StablePrefixSources::default(),
-        compaction: compaction_settings(&policy.compaction, privacy_scope)
-            .map_err(PolicyError::RequiredFields)?,
+        compaction: compaction_settings(&policy.compaction, privacy_scope),
         automatic_compaction: policy.compaction.automatic,
         compaction_trigger_percent: policy.compaction.trigger_percent,
         model_summarizer: policy.compaction.summarizer.model.is_some(),
@@ -132,22 +128,14 @@ pub fn retention_rules(retention: &EffectiveRetention) -> Result<Vec<RetentionRu
     serde_json::from_value(serde_json::to_value(&retention.rules)?)
 }
 
-/// The fields a compaction must fill; the API's and the engine's names share one JSON shape.
-pub fn required_fields(compaction: &EffectiveCompaction) -> Result<Vec<StateField>, serde_json::Error> {
-    serde_json::from_value(serde_json::to_value(&compaction.required_fields)?)
-}
-
 /// Compaction settings for an agent of `privacy_scope`.
-pub fn compaction_settings(
-    compaction: &EffectiveCompaction,
-    privacy_scope: &str,
-) -> Result<CompactionSettings, serde_json::Error> {
-    Ok(CompactionSettings {
+pub fn compaction_settings(compaction: &EffectiveCompaction, privacy_scope: &str) -> CompactionSettings {
+    CompactionSettings {
         keep_recent_entries: compaction.keep_recent_entries as usize,
-        required_fields: required_fields(compaction)?,
+        required_fields: compaction.required_fields.clone(),
         privacy_scope: privacy_scope.to_owned(),
         max_summary_tokens: u64::from(compaction.summarizer.max_summary_tokens),
-    })
+    }
 }
 
 #[cfg(test)]
@@ -165,7 +153,7 @@ mod tests {
         assert_eq!(spill_policy(&policy.tool_results), SpillPolicy::default());
         assert_eq!(elision_policy(&policy.tool_results), ElisionPolicy::default());
         assert_eq!(retention_rules(&policy.retention).unwrap().len(), policy.retention.rules.len());
-        let settings = compaction_settings(&policy.compaction, "tenant").unwrap();
+        let settings = compaction_settings(&policy.compaction, "tenant");
         assert_eq!(settings.required_fields.len(), policy.compaction.required_fields.len());
         assert_eq!(settings.keep_recent_entries, 8);
     }

@@ -12,8 +12,8 @@ use super::findings::{self, MAX_ITEM_CHARS, clip};
 use super::state::{CompactedState, StateField};
 use super::summarizer::SummaryInput;
 
-/// Compaction mode (seed 001 §17.15.1, plus rollback and purge); JSON names as in the API.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+/// Compaction mode (seed 001 §17.15.1, plus rollback and purge); also the API's `spec.mode`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, schemars::JsonSchema)]
 pub enum CompactionMode {
     /// After a completed task or phase.
     TaskBoundary,

@@ -9,17 +9,19 @@ use super::plan::CompactionMode;
 /// The Kubernetes termination-message limit.
 pub const TERMINATION_MESSAGE_LIMIT: usize = 4096;
 
-/// Passed or Failed.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+/// Outcome of the preservation check.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 pub enum QualityCheck {
     /// Every required item is represented.
+    #[default]
     Passed,
     /// Something is missing; the old generation stays CURRENT.
     Failed,
 }
 
-/// One compaction, purge or rollback, as reported to the operator and kept beside the journal.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+/// One compaction, purge or rollback, as kept beside the journal, reported in the termination
+/// message and shown in a CompactionJob's `status.record` (seed 001 §17.15.3 and §17.22.3).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct CompactionRecord {
     /// `cmp:` + a stable hash of the inputs.

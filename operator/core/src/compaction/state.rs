@@ -97,9 +97,8 @@ pub struct EvidenceRefs {
     pub artifact_refs: Vec<String>,
 }
 
-/// A field of the CompactedState that a policy can require (same names as the API's
-/// `CompactedStateField`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+/// A field of the CompactedState that a policy can require (`compaction.requiredFields`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub enum StateField {
     /// `active_objective`.

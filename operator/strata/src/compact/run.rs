@@ -252,8 +252,7 @@ fn resolve(args: &CompactArgs) -> Result<Plan, CompactFailure> {
     let mut model = None;
     if let Some(config) = &config {
         let compaction = &config.policy.compaction;
-        settings = crate::engine_policy::compaction_settings(compaction, &config.agent.privacy_scope)
-            .map_err(|error| CompactFailure::Usage(format!("--config: requiredFields: {error}")))?;
+        settings = crate::engine_policy::compaction_settings(compaction, &config.agent.privacy_scope);
         retain_generations = compaction.retain_generations as usize;
         tenant = config.agent.namespace.clone();
         tokenizer = crate::engine_policy::tokenizer_kind(config.upstream.tokenizer);

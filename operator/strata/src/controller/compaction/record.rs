@@ -92,8 +92,8 @@ mod tests {
 
     #[test]
     fn records_parse_and_other_messages_do_not() {
-        let message = r#"{"compactionId":"cmp:1","sourceGeneration":3,"resultGeneration":4,"tokensBefore":170000,"tokensAfter":21000,"preservedFields":["decisions"],"qualityCheck":"Passed"}"#;
-        let record = parse_record(&format!("{message}\n")).unwrap_or_default();
+        let message = r#"{"compactionId":"cmp:1","mode":"Budget","sourceGeneration":3,"resultGeneration":4,"tokensBefore":170000,"tokensAfter":21000,"preservedFields":["decisions"],"qualityCheck":"Passed"}"#;
+        let Some(record) = parse_record(&format!("{message}\n")) else { panic!("{message} is a record") };
         assert_eq!(record.compaction_id, "cmp:1");
         assert_eq!(record.tokens_after, 21000);
         assert!(parse_record("panic: out of memory").is_none());
