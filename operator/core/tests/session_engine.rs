@@ -2,14 +2,20 @@
 //! compaction instead of a blocked turn when the context fills.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+use std::io;
+use std::path::Path;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+
 use serde_json::Map;
 use strata_core::budget::OperationId;
 use strata_core::compaction::{CompactionMode, EXTRACTIVE_VERSION, ExtractiveSummarizer};
 use strata_core::entry::{Content, Role, ToolCall, ToolResult};
+use strata_core::journal::{AppendHandle, LockOutcome, StdStorage, Storage};
 use strata_core::session::protocol::check_request;
 use strata_core::session::{
     Api, AssistantOutput, ChatRequest, CompactionAsk, SessionEngine, SessionSettings, Turn, TurnOutcome,
-    TurnRequest,
+    TurnRequest, transparent,
 };
 
 fn request(turns: Vec<Turn>) -> ChatRequest {
@@ -198,4 +204,159 @@ fn with_a_model_summariser_the_trigger_asks_the_host_and_emergencies_stay_in_pro
         engine.journal().generation() > 1,
         "unanswered asks end in in-process Emergency compactions, never a block"
     );
+}
+
+/// [`StdStorage`] whose journal appends, once armed, reach the file and then fail: the process
+/// "dies" right after a record was written, before anything else happened.
+struct DiesAfterAppend {
+    armed: Arc<AtomicBool>,
+}
+
+struct DyingHandle {
+    inner: Box<dyn AppendHandle>,
+    armed: Arc<AtomicBool>,
+}
+
+impl AppendHandle for DyingHandle {
+    fn append(&mut self, data: &[u8]) -> io::Result<()> {
+        self.inner.append(data)?;
+        if self.armed.load(Ordering::SeqCst) {
+            return Err(io::Error::other("killed right after the append"));
+        }
+        Ok(())
+    }
+
+    fn sync(&mut self) -> io::Result<()> {
+        self.inner.sync()
+    }
+}
+
+impl Storage for DiesAfterAppend {
+    fn read(&self, path: &Path) -> io::Result<Vec<u8>> {
+        StdStorage.read(path)
+    }
+    fn exists(&self, path: &Path) -> io::Result<bool> {
+        StdStorage.exists(path)
+    }
+    fn list_dir(&self, path: &Path) -> io::Result<Vec<String>> {
+        StdStorage.list_dir(path)
+    }
+    fn create_dir_all(&self, path: &Path) -> io::Result<()> {
+        StdStorage.create_dir_all(path)
+    }
+    fn write_file(&self, path: &Path, data: &[u8]) -> io::Result<()> {
+        StdStorage.write_file(path, data)
+    }
+    fn open_append(&self, path: &Path) -> io::Result<Box<dyn AppendHandle>> {
+        let inner = StdStorage.open_append(path)?;
+        if path.file_name().is_some_and(|name| name == "journal.log") {
+            return Ok(Box::new(DyingHandle { inner, armed: Arc::clone(&self.armed) }));
+        }
+        Ok(inner)
+    }
+    fn truncate(&self, path: &Path, len: u64) -> io::Result<()> {
+        StdStorage.truncate(path, len)
+    }
+    fn sync_file(&self, path: &Path) -> io::Result<()> {
+        StdStorage.sync_file(path)
+    }
+    fn sync_dir(&self, path: &Path) -> io::Result<()> {
+        StdStorage.sync_dir(path)
+    }
+    fn rename(&self, from: &Path, to: &Path) -> io::Result<()> {
+        StdStorage.rename(from, to)
+    }
+    fn remove_file(&self, path: &Path) -> io::Result<()> {
+        StdStorage.remove_file(path)
+    }
+    fn remove_dir(&self, path: &Path) -> io::Result<()> {
+        StdStorage.remove_dir(path)
+    }
+    fn try_lock(&self, path: &Path, holder: &str) -> io::Result<LockOutcome> {
+        StdStorage.try_lock(path, holder)
+    }
+}
+
+/// One transparent call: the whole history in, the answer recorded and remembered as seen.
+fn transparent_call(
+    engine: &mut SessionEngine,
+    settings: &SessionSettings,
+    history: &[Turn],
+    answer: &str,
+) -> Result<(), strata_core::session::EngineError> {
+    let chat = request(history.to_vec());
+    let turn = TurnRequest {
+        request: &chat,
+        transparent: true,
+        operation_id: OperationId::from_request("test", answer.as_bytes()),
+        head: Map::new(),
+        now_ms: 1_000,
+    };
+    let TurnOutcome::Admitted(admitted) = engine.begin_turn(settings, turn)? else {
+        panic!("blocked");
+    };
+    let output = AssistantOutput { text: answer.into(), ..AssistantOutput::default() };
+    engine.record_answer(settings, &admitted.first_call, &output, 1_000)?;
+    let seen = Turn { role: Role::Assistant, content: Content::text(answer.to_owned()) };
+    engine.remember_answer(admitted.chain_tail, &seen)
+}
+
+/// Found by the crash suite (`benches/gateway_crash.rs`): a gateway killed right after a client
+/// turn was journaled, before the transparent index remembered it, took the client's retry of the
+/// same history for a new turn and journaled the message twice. The index is now written ahead of
+/// the journal.
+#[test]
+fn a_transparent_turn_journaled_just_before_a_crash_is_not_journaled_again_on_retry() {
+    let dir = tempfile::tempdir().unwrap();
+    let settings = SessionSettings::defaults(Api::OpenAi, 100_000);
+    let armed = Arc::new(AtomicBool::new(false));
+    let storage: Arc<dyn Storage> = Arc::new(DiesAfterAppend { armed: Arc::clone(&armed) });
+    let u1 = user("List the files".into());
+    let a1 = Turn { role: Role::Assistant, content: Content::text("a.txt and b.txt".to_owned()) };
+    let u2 = user("Now read a.txt".into());
+    {
+        let mut engine = SessionEngine::open_on(Arc::clone(&storage), dir.path(), &settings, 0).unwrap();
+        transparent_call(&mut engine, &settings, std::slice::from_ref(&u1), "a.txt and b.txt").unwrap();
+        armed.store(true, Ordering::SeqCst);
+        let cut = transparent_call(&mut engine, &settings, &[u1.clone(), a1.clone(), u2.clone()], "hello");
+        assert!(cut.is_err(), "the append 'crashed'");
+    }
+    armed.store(false, Ordering::SeqCst);
+    let mut engine = SessionEngine::open(dir.path(), &settings, 0).unwrap();
+    transparent_call(&mut engine, &settings, &[u1, a1, u2], "hello").unwrap();
+    let texts: Vec<&str> =
+        engine.journal().entries().iter().map(|entry| entry.content.text.as_str()).collect();
+    assert_eq!(texts, ["List the files", "a.txt and b.txt", "Now read a.txt", "hello"], "u2 once");
+    assert_eq!(engine.journal().generation(), 1, "nothing to rewind");
+}
+
+/// A turn remembered ahead of an append that never happened keeps no ID the journal may issue to
+/// another entry.
+#[test]
+fn a_turn_remembered_but_never_journaled_is_journaled_by_the_retry() {
+    let dir = tempfile::tempdir().unwrap();
+    let settings = SessionSettings::defaults(Api::OpenAi, 100_000);
+    let u1 = user("List the files".into());
+    let a1 = Turn { role: Role::Assistant, content: Content::text("a.txt".to_owned()) };
+    let u2 = user("Now read a.txt".into());
+    let next = {
+        let mut engine = SessionEngine::open(dir.path(), &settings, 0).unwrap();
+        transparent_call(&mut engine, &settings, std::slice::from_ref(&u1), "a.txt").unwrap();
+        engine.journal().next_entry_number()
+    };
+    // The crash came after the index line for u2 and before its record.
+    let chain = [&u1, &a1, &u2].iter().fold([0u8; 32], |previous, turn| transparent::chain(&previous, turn));
+    let index = dir.path().join("gateway").join("transparent-prefixes");
+    let mut text = std::fs::read_to_string(&index).unwrap();
+    text.push_str(&format!("{} msg_{next}\n", hex::encode(chain)));
+    std::fs::write(&index, text).unwrap();
+    let mut engine = SessionEngine::open(dir.path(), &settings, 0).unwrap();
+    assert!(
+        !std::fs::read_to_string(&index).unwrap().contains(&format!("msg_{next}")),
+        "the unissued ID is forgotten"
+    );
+    transparent_call(&mut engine, &settings, &[u1, a1, u2], "hello").unwrap();
+    let texts: Vec<&str> =
+        engine.journal().entries().iter().map(|entry| entry.content.text.as_str()).collect();
+    assert_eq!(texts, ["List the files", "a.txt", "Now read a.txt", "hello"]);
 }

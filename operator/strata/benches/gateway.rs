@@ -12,9 +12,11 @@
 //! shorter version.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+#[path = "../tests/gateway_support/process.rs"]
+mod process;
+
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -24,6 +26,7 @@ use axum::extract::State;
 use axum::http::{HeaderMap, header};
 use axum::response::Response;
 use axum::routing::post;
+use process::{GatewayProcess, rss_kib};
 use serde_json::json;
 use strata_api::agent::{Provider, SessionMode, Tokenizer};
 use strata_api::effective::EffectivePolicy;
@@ -146,58 +149,14 @@ fn config(fake: SocketAddr) -> GatewayConfig {
     }
 }
 
-struct GatewayProcess {
-    child: Child,
-    address: SocketAddr,
-}
-
-impl Drop for GatewayProcess {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-fn free_port() -> SocketAddr {
-    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    listener.local_addr().unwrap()
-}
-
 async fn spawn_gateway(config_path: &Path, data_dir: &Path) -> GatewayProcess {
-    let address = free_port();
-    let metrics = free_port();
-    let child = Command::new(env!("CARGO_BIN_EXE_strata"))
-        .args(["gateway", "--config"])
-        .arg(config_path)
-        .arg("--data-dir")
-        .arg(data_dir)
-        .args(["--listen", &address.to_string(), "--metrics-listen", &metrics.to_string()])
-        .env("RUST_LOG", "warn")
-        .stdout(Stdio::null())
-        .spawn()
-        .unwrap();
-    let process = GatewayProcess { child, address };
-    let client = reqwest::Client::new();
-    for _ in 0..200 {
-        if client.get(format!("http://{address}/readyz")).send().await.is_ok() {
-            return process;
-        }
-        tokio::time::sleep(Duration::from_millis(25)).await;
-    }
-    panic!("the gateway did not start");
-}
-
-fn rss_kib(pid: u32) -> (u64, u64) {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
-    let field = |name: &str| {
-        status
-            .lines()
-            .find(|line| line.starts_with(name))
-            .and_then(|line| line.split_whitespace().nth(1))
-            .and_then(|value| value.parse().ok())
-            .unwrap_or(0)
-    };
-    (field("VmRSS:"), field("VmHWM:"))
+    let mut process =
+        GatewayProcess::spawn(Path::new(env!("CARGO_BIN_EXE_strata")), config_path, data_dir, None);
+    process
+        .wait_ready(&reqwest::Client::new(), Duration::from_secs(30))
+        .await
+        .expect("the gateway did not start");
+    process
 }
 
 fn percentile(sorted: &[Duration], p: f64) -> Duration {

@@ -443,6 +443,8 @@ impl SessionEngine {
         settings: &SessionSettings,
     ) -> Result<Self, EngineError> {
         let (journal, report) = Journal::open(Arc::clone(&storage), data_dir, options)?;
+        let mut transparent = transparent;
+        transparent.forget_unissued(journal.next_entry_number())?;
         let torn_record = report.truncated.as_ref().map(|torn| (torn.path.clone(), torn.bytes));
         let store = Arc::new(ArtifactStore::new(Arc::clone(&storage), data_dir.join("artifacts")));
         let mut corrupt = Vec::new();
@@ -1274,10 +1276,23 @@ impl SessionEngine {
             }
         }
         let new_entries = drafts.len();
+        // Write-ahead: the client's turns are remembered with the IDs their entries are about to
+        // get before they are appended. A crash between the two then leaves a remembered turn that
+        // is not journaled (its unissued ID is forgotten at the next open, and the retry journals
+        // it), never a journaled turn the index does not know (the retry would journal it twice).
+        let next_number = self.journal.next_entry_number();
+        let expected: Vec<(ChainHash, EntryId)> = chains[first_new..]
+            .iter()
+            .copied()
+            .zip(drafts.iter().zip(next_number..).map(|(draft, number)| EntryId::new(draft.kind, number)))
+            .collect();
+        self.remember_chain(&expected)?;
         let (deduplicated, ids) = self.append(drafts)?;
         let spilled_outputs = offloaded.len() as u64;
         let journaled: Vec<(ChainHash, EntryId)> = chains[first_new..].iter().copied().zip(ids).collect();
-        self.remember_chain(&journaled)?;
+        if journaled != expected {
+            self.remember_chain(&journaled)?;
+        }
         if settings.automatic_compaction && self.reached_trigger(settings) {
             let reason = "the context reached the compaction trigger";
             compactions +=

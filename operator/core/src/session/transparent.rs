@@ -206,6 +206,43 @@ impl TransparentIndex {
         Ok(true)
     }
 
+    /// Forgets every turn remembered with an entry ID from `first_unissued` on: the gateway
+    /// remembers a turn's chain value before its entry is appended (so a crash in between never
+    /// leaves a journaled client turn the index does not know, which a retry would journal
+    /// twice), and an ID the journal never made durable may be issued again to another entry. The
+    /// file is rewritten without those lines. Returns how many were forgotten.
+    pub fn forget_unissued(&mut self, first_unissued: u64) -> Result<usize, IndexError> {
+        let unissued: Vec<ChainHash> = self
+            .known
+            .iter()
+            .filter(|(_, entry)| entry.is_some_and(|id| id.number() >= first_unissued))
+            .map(|(value, _)| *value)
+            .collect();
+        if unissued.is_empty() {
+            return Ok(0);
+        }
+        for value in &unissued {
+            if let Some(Some(id)) = self.known.remove(value) {
+                self.holders.remove(&id);
+            }
+        }
+        let Some(path) = &self.path else { return Ok(unissued.len()) };
+        let error = |cause| IndexError { path: path.clone(), cause };
+        let mut text = String::new();
+        for (value, entry) in &self.known {
+            text.push_str(&hex::encode(value));
+            if let Some(id) = entry {
+                text.push(' ');
+                text.push_str(&id.to_string());
+            }
+            text.push('\n');
+        }
+        let tmp = path.with_extension("tmp");
+        std::fs::write(&tmp, text).map_err(error)?;
+        std::fs::rename(&tmp, path).map_err(error)?;
+        Ok(unissued.len())
+    }
+
     /// The index file, when persisted.
     pub fn path(&self) -> Option<&Path> {
         self.path.as_deref()

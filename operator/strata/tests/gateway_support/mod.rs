@@ -23,6 +23,7 @@ use strata_api::gateway_config::{
 };
 
 pub mod corpus;
+pub mod process;
 
 /// Cached prompt tokens the fake reports on every call.
 pub const CACHED_TOKENS: u64 = 7;
@@ -42,6 +43,9 @@ pub enum Reply {
     Error(u16, String),
     /// Sleep, then answer.
     Delayed(Duration, Box<Reply>),
+    /// Answer slowly: a pause before each SSE event of a stream, or between the two halves of a
+    /// JSON body (so a client or a crash can land mid-answer).
+    Paced(Duration, Box<Reply>),
     /// Exactly this HTTP answer, whatever the request asked for (faults: malformed or cut streams,
     /// non-JSON bodies, headers such as `retry-after`).
     Raw(RawReply),
@@ -155,6 +159,11 @@ impl FakeUpstream {
         self.state.script.lock().unwrap().clear();
     }
 
+    /// Forgets the requests received so far (long runs keep the fake's memory bounded).
+    pub fn forget_seen(&self) {
+        self.state.seen.lock().unwrap().clear();
+    }
+
     /// Every request received so far.
     pub fn seen(&self) -> Vec<Seen> {
         self.state.seen.lock().unwrap().clone()
@@ -190,36 +199,70 @@ fn next_reply(state: &FakeState, path: &str, headers: &HeaderMap, raw: &str) -> 
     state.script.lock().unwrap().pop_front().unwrap_or_else(|| Reply::Text("ok".into()))
 }
 
-async fn resolve(mut reply: Reply) -> Reply {
-    while let Reply::Delayed(delay, next) = reply {
-        tokio::time::sleep(delay).await;
-        reply = *next;
+/// The reply after its delays, and the pace to send it at.
+async fn resolve(mut reply: Reply) -> (Reply, Option<Duration>) {
+    let mut pace = None;
+    loop {
+        reply = match reply {
+            Reply::Delayed(delay, next) => {
+                tokio::time::sleep(delay).await;
+                *next
+            }
+            Reply::Paced(every, next) => {
+                pace = Some(every);
+                *next
+            }
+            reply => return (reply, pace),
+        };
     }
-    reply
+}
+
+/// A body sent in `parts`, with `pace` before each part after the first.
+fn paced_body(parts: Vec<String>, pace: Option<Duration>) -> Body {
+    use futures::StreamExt;
+    let Some(pace) = pace else {
+        return Body::from(parts.concat());
+    };
+    let stream = futures::stream::iter(parts.into_iter().enumerate()).then(move |(index, part)| async move {
+        if index > 0 {
+            tokio::time::sleep(pace).await;
+        }
+        Ok::<_, std::io::Error>(bytes::Bytes::from(part))
+    });
+    Body::from_stream(stream)
 }
 
 fn prompt_tokens(body: &Value) -> u64 {
     (body.to_string().len() / 4) as u64 + CACHED_TOKENS
 }
 
-fn sse(events: Vec<(Option<&str>, Value)>, done: bool) -> Response {
-    let mut text = String::new();
+fn sse(events: Vec<(Option<&str>, Value)>, done: bool, pace: Option<Duration>) -> Response {
+    let mut parts = Vec::new();
     for (event, data) in events {
+        let mut text = String::new();
         if let Some(event) = event {
             text.push_str(&format!("event: {event}\n"));
         }
         text.push_str(&format!("data: {data}\n\n"));
+        parts.push(text);
     }
     if done {
-        text.push_str("data: [DONE]\n\n");
+        parts.push("data: [DONE]\n\n".to_owned());
     }
-    let mut response = Response::new(Body::from(text));
+    let mut response = Response::new(paced_body(parts, pace));
     response.headers_mut().insert(header::CONTENT_TYPE, "text/event-stream".parse().unwrap());
     response
 }
 
-fn json_body(value: Value) -> Response {
-    let mut response = Response::new(Body::from(value.to_string()));
+/// The char boundary at or just after the middle of `text`.
+fn middle_of(text: &str) -> usize {
+    (text.len() / 2..=text.len()).find(|&at| text.is_char_boundary(at)).unwrap_or(text.len())
+}
+
+fn json_body(value: Value, pace: Option<Duration>) -> Response {
+    let mut text = value.to_string();
+    let second = text.split_off(middle_of(&text));
+    let mut response = Response::new(paced_body(vec![text, second], pace));
     response.headers_mut().insert(header::CONTENT_TYPE, "application/json".parse().unwrap());
     response
 }
@@ -231,7 +274,7 @@ fn error_response(status: u16, body: String) -> Response {
 }
 
 async fn openai(State(state): State<Arc<FakeState>>, headers: HeaderMap, body: String) -> Response {
-    let reply = resolve(next_reply(&state, "/v1/chat/completions", &headers, &body)).await;
+    let (reply, pace) = resolve(next_reply(&state, "/v1/chat/completions", &headers, &body)).await;
     if let Reply::Raw(raw) = reply {
         return raw.into_response();
     }
@@ -243,7 +286,7 @@ async fn openai(State(state): State<Arc<FakeState>>, headers: HeaderMap, body: S
         Reply::Text(text) => (text, vec![]),
         Reply::Calls(text, calls) => (text, calls),
         Reply::Error(status, body) => return error_response(status, body),
-        Reply::Delayed(..) | Reply::Raw(_) => unreachable!(),
+        Reply::Delayed(..) | Reply::Paced(..) | Reply::Raw(_) => unreachable!(),
     };
     let finish = if calls.is_empty() { "stop" } else { "tool_calls" };
     if body["stream"] != json!(true) {
@@ -257,6 +300,7 @@ async fn openai(State(state): State<Arc<FakeState>>, headers: HeaderMap, body: S
         return json_body(
             json!({"id": "chatcmpl-fake", "object": "chat.completion", "created": 1, "model": body["model"],
             "choices": [{"index": 0, "message": message, "finish_reason": finish}], "usage": usage}),
+            pace,
         );
     }
     let chunk = |delta: Value, finish: Value| {
@@ -267,7 +311,7 @@ async fn openai(State(state): State<Arc<FakeState>>, headers: HeaderMap, body: S
         )
     };
     let mut events = vec![chunk(json!({"role": "assistant", "content": ""}), Value::Null)];
-    let middle = text.len() / 2;
+    let middle = middle_of(&text);
     if !text.is_empty() {
         events.push(chunk(json!({"content": &text[..middle]}), Value::Null));
         events.push(chunk(json!({"content": &text[middle..]}), Value::Null));
@@ -277,7 +321,7 @@ async fn openai(State(state): State<Arc<FakeState>>, headers: HeaderMap, body: S
             json!({"tool_calls": [{"index": index, "id": id, "type": "function", "function": {"name": name, "arguments": ""}}]}),
             Value::Null,
         ));
-        let half = args.len() / 2;
+        let half = middle_of(args);
         events.push(chunk(
             json!({"tool_calls": [{"index": index, "function": {"arguments": &args[..half]}}]}),
             Value::Null,
@@ -295,11 +339,11 @@ async fn openai(State(state): State<Arc<FakeState>>, headers: HeaderMap, body: S
             "model": body["model"], "choices": [], "usage": usage}),
         ));
     }
-    sse(events, true)
+    sse(events, true, pace)
 }
 
 async fn anthropic(State(state): State<Arc<FakeState>>, headers: HeaderMap, body: String) -> Response {
-    let reply = resolve(next_reply(&state, "/v1/messages", &headers, &body)).await;
+    let (reply, pace) = resolve(next_reply(&state, "/v1/messages", &headers, &body)).await;
     if let Reply::Raw(raw) = reply {
         return raw.into_response();
     }
@@ -311,7 +355,7 @@ async fn anthropic(State(state): State<Arc<FakeState>>, headers: HeaderMap, body
         Reply::Text(text) => (text, vec![]),
         Reply::Calls(text, calls) => (text, calls),
         Reply::Error(status, body) => return error_response(status, body),
-        Reply::Delayed(..) | Reply::Raw(_) => unreachable!(),
+        Reply::Delayed(..) | Reply::Paced(..) | Reply::Raw(_) => unreachable!(),
     };
     let stop = if calls.is_empty() { "end_turn" } else { "tool_use" };
     let mut content: Vec<Value> = Vec::new();
@@ -325,6 +369,7 @@ async fn anthropic(State(state): State<Arc<FakeState>>, headers: HeaderMap, body
         return json_body(
             json!({"id": "msg_fake", "type": "message", "role": "assistant", "model": body["model"],
             "content": content, "stop_reason": stop, "usage": usage}),
+            pace,
         );
     }
     let mut events = vec![(
@@ -359,11 +404,11 @@ async fn anthropic(State(state): State<Arc<FakeState>>, headers: HeaderMap, body
         json!({"type": "message_delta", "delta": {"stop_reason": stop}, "usage": {"output_tokens": 5}}),
     ));
     events.push((Some("message_stop"), json!({"type": "message_stop"})));
-    sse(events, false)
+    sse(events, false, pace)
 }
 
 async fn models() -> Response {
-    json_body(json!({"object": "list", "data": [{"id": "fake-model", "object": "model"}]}))
+    json_body(json!({"object": "list", "data": [{"id": "fake-model", "object": "model"}]}), None)
 }
 
 /// A gateway config for `provider` in front of `fake`.
