@@ -5,6 +5,7 @@ use crate::budget::BudgetPolicy;
 use crate::compaction::CompactionSettings;
 use crate::compiler::BreakpointPlacement;
 use crate::economics::CachePricing;
+use crate::lifecycle::VolumeRetention;
 use crate::prefix::StablePrefixSources;
 use crate::redaction::Redactor;
 use crate::retention::{Classifier, ExpiryPolicy};
@@ -50,6 +51,8 @@ pub struct SessionSettings {
     pub retain_generations: usize,
     /// The upstream model's tokenizer.
     pub tokenizer: TokenizerKind,
+    /// How long derived files on the volume are kept (the artifact sweeper).
+    pub volume: VolumeRetention,
 }
 
 impl SessionSettings {
@@ -74,6 +77,7 @@ impl SessionSettings {
             compaction_trigger_percent: 85,
             retain_generations: 3,
             tokenizer: TokenizerKind::O200kBase,
+            volume: VolumeRetention::default(),
         }
     }
 

@@ -1,0 +1,403 @@
+//! The volume sweep: deletes the superseded generations, artifacts and compaction records that
+//! the [`VolumeRetention`] policy lets go, never anything the live generation, a kept rollback
+//! target or a pending compaction proposal references (decisions in [`crate::lifecycle`]).
+//!
+//! It runs inside the engine, so no request can reference an artifact between the moment the
+//! references are collected and the moment it is deleted. Ages are kept in the `lifecycle.json`
+//! state file (an artifact's age starts when it stops being referenced; a record's when the sweeper
+//! first sees it), all on the caller's clock, so replay drives it with simulated time.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+
+use super::engine::{EngineError, SessionEngine};
+use crate::artifacts::ArtifactError;
+use crate::compaction::{PROPOSALS_DIR, RECORDS_DIR};
+use crate::journal::{Storage, generation_dir_name, read_generation};
+use crate::lifecycle::{
+    SweepCandidate, SweepKind, SweepPlan, SweepReason, VolumeRetention, plan_sweep, referenced_artifacts,
+    scan_refs,
+};
+
+/// The state file holding the sweeper's clocks.
+pub(super) const LIFECYCLE_FILE: &str = "lifecycle.json";
+/// Swept digests remembered for a clear "expired" answer; the oldest are forgotten past this.
+const MAX_SWEPT_REMEMBERED: usize = 100_000;
+
+/// The sweeper's persisted clocks.
+#[derive(Debug, Default, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct LifecycleLedger {
+    /// Artifact (`tenant/aa/name`) → when it stopped being referenced; compaction record
+    /// (`compactions/name`) → when it was first seen. Unix ms.
+    #[serde(default)]
+    pub since: BTreeMap<String, u64>,
+    /// Digest → when the sweeper deleted that artifact. Unix ms.
+    #[serde(default)]
+    pub swept: BTreeMap<String, u64>,
+}
+
+/// What one superseded generation references, and its size (generations never change once
+/// superseded, so this is read once).
+#[derive(Debug, Clone)]
+pub(super) struct GenerationFacts {
+    bytes: u64,
+    created_at_ms: u64,
+    refs: BTreeSet<String>,
+}
+
+/// The sweeper's state inside the engine.
+#[derive(Debug, Default)]
+pub(super) struct Lifecycle {
+    pub(super) ledger: LifecycleLedger,
+    generations: HashMap<u64, GenerationFacts>,
+}
+
+impl Lifecycle {
+    pub(super) fn new(ledger: LifecycleLedger) -> Self {
+        Self { ledger, generations: HashMap::new() }
+    }
+}
+
+/// What a sweep did to one kind.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct KindSweep {
+    /// The kind.
+    pub kind: SweepKind,
+    /// Files (generations: generation directories) deleted.
+    pub files_swept: u64,
+    /// Bytes deleted.
+    pub bytes_swept: u64,
+    /// Of which deleted for age.
+    pub swept_for_age: u64,
+    /// Of which deleted for bytes.
+    pub swept_for_bytes: u64,
+    /// Files of the kind left.
+    pub files_kept: u64,
+    /// Bytes of the kind left.
+    pub bytes_kept: u64,
+    /// Of the files left, those still referenced or needed (never deleted).
+    pub files_protected: u64,
+    /// How far the protected files alone keep the kind over its `maxBytes`.
+    pub over_budget_bytes: u64,
+}
+
+/// What one sweep did.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct SweepReport {
+    /// When it ran (unix ms, the caller's clock).
+    pub at_ms: u64,
+    /// Per kind: superseded generations, artifacts, compaction records.
+    pub kinds: Vec<KindSweep>,
+    /// Generations deleted.
+    pub removed_generations: Vec<u64>,
+    /// Generations kept for rollback.
+    pub kept_generations: Vec<u64>,
+}
+
+impl SweepReport {
+    /// Files deleted, all kinds.
+    pub fn files_swept(&self) -> u64 {
+        self.kinds.iter().map(|k| k.files_swept).sum()
+    }
+
+    /// Bytes deleted, all kinds.
+    pub fn bytes_swept(&self) -> u64 {
+        self.kinds.iter().map(|k| k.bytes_swept).sum()
+    }
+}
+
+fn io_error(operation: &'static str, path: &Path) -> impl FnOnce(std::io::Error) -> EngineError + use<> {
+    let path = path.to_path_buf();
+    move |source| EngineError::Artifact(ArtifactError::Io { operation, path, source })
+}
+
+/// Lists a directory, empty when it does not exist.
+fn list(storage: &dyn Storage, dir: &Path) -> Result<Vec<String>, EngineError> {
+    if !storage.exists(dir).map_err(io_error("stat", dir))? {
+        return Ok(Vec::new());
+    }
+    let mut names = storage.list_dir(dir).map_err(io_error("list", dir))?;
+    names.sort();
+    Ok(names)
+}
+
+/// Bytes of the files directly in `dir`.
+fn dir_bytes(storage: &dyn Storage, dir: &Path) -> Result<u64, EngineError> {
+    let mut total = 0;
+    for name in list(storage, dir)? {
+        let path = dir.join(name);
+        total += storage.file_len(&path).map_err(io_error("stat", &path))?.unwrap_or(0);
+    }
+    Ok(total)
+}
+
+/// Bytes of every file under `dir`, recursively (0 when it does not exist).
+pub fn volume_bytes(storage: &dyn Storage, dir: &Path) -> Result<u64, EngineError> {
+    let mut total = 0;
+    for name in list(storage, dir)? {
+        let path = dir.join(name);
+        match storage.file_len(&path).map_err(io_error("stat", &path))? {
+            Some(len) => total += len,
+            None => total += volume_bytes(storage, &path)?,
+        }
+    }
+    Ok(total)
+}
+
+/// One file the sweep may delete.
+struct FileCandidate {
+    path: PathBuf,
+    digest: Option<String>,
+}
+
+fn tally(kind: SweepKind, candidates: &[SweepCandidate], plan: &SweepPlan) -> KindSweep {
+    let mut summary = KindSweep {
+        kind,
+        files_swept: 0,
+        bytes_swept: 0,
+        swept_for_age: 0,
+        swept_for_bytes: 0,
+        files_kept: 0,
+        bytes_kept: 0,
+        files_protected: 0,
+        over_budget_bytes: plan.over_budget_bytes,
+    };
+    let doomed: BTreeSet<usize> = plan.doomed.iter().map(|(index, _)| *index).collect();
+    for (index, reason) in &plan.doomed {
+        summary.files_swept += 1;
+        summary.bytes_swept += candidates[*index].bytes;
+        match reason {
+            SweepReason::Age => summary.swept_for_age += 1,
+            SweepReason::Bytes => summary.swept_for_bytes += 1,
+        }
+    }
+    for (_, candidate) in candidates.iter().enumerate().filter(|(i, _)| !doomed.contains(i)) {
+        summary.files_kept += 1;
+        summary.bytes_kept += candidate.bytes;
+        summary.files_protected += u64::from(candidate.protected);
+    }
+    summary
+}
+
+impl SessionEngine {
+    /// The sweeper's clocks (for tests and the inspector).
+    pub fn lifecycle_ledger(&self) -> &LifecycleLedger {
+        &self.lifecycle.ledger
+    }
+
+    /// Deletes what the volume retention policy lets go: superseded generations first (past
+    /// their age, then oldest first over their bytes; at most `retainGenerations` are on disk in
+    /// any case), then unreferenced artifacts, then compaction records, each by age and then by
+    /// bytes. Deletions are durable (directory fsync) when it returns. `now_ms` is the caller's
+    /// clock.
+    pub fn sweep_volume(
+        &mut self,
+        retention: &VolumeRetention,
+        now_ms: u64,
+    ) -> Result<SweepReport, EngineError> {
+        let mut report = SweepReport { at_ms: now_ms, ..SweepReport::default() };
+        let mut protected = referenced_artifacts(self.journal.entries());
+        let (generations, kept) = self.sweep_generations(retention, now_ms, &mut report)?;
+        report.kinds.push(generations);
+        for generation in &kept {
+            if let Some(facts) = self.lifecycle.generations.get(generation) {
+                protected.extend(facts.refs.iter().cloned());
+            }
+        }
+        report.kept_generations = kept;
+        self.proposal_refs(&mut protected)?;
+        let artifacts = self.sweep_artifacts(retention, now_ms, &protected)?;
+        report.kinds.push(artifacts);
+        let records = self.sweep_records(retention, now_ms)?;
+        report.kinds.push(records);
+        let swept = &mut self.lifecycle.ledger.swept;
+        if swept.len() > MAX_SWEPT_REMEMBERED {
+            let mut by_time: Vec<(u64, String)> = swept.iter().map(|(d, at)| (*at, d.clone())).collect();
+            by_time.sort();
+            for (_, digest) in by_time.into_iter().take(swept.len() - MAX_SWEPT_REMEMBERED) {
+                swept.remove(&digest);
+            }
+        }
+        self.state.write(LIFECYCLE_FILE, &self.lifecycle.ledger)?;
+        Ok(report)
+    }
+
+    /// Superseded generations: returns the kind's summary and the generations kept.
+    fn sweep_generations(
+        &mut self,
+        retention: &VolumeRetention,
+        now_ms: u64,
+        report: &mut SweepReport,
+    ) -> Result<(KindSweep, Vec<u64>), EngineError> {
+        let storage = self.storage.clone();
+        let root = self.journal.dir().to_path_buf();
+        let current = self.journal.generation();
+        let retained = self.journal.retained_generations()?;
+        self.lifecycle.generations.retain(|generation, _| retained.contains(generation));
+        for generation in &retained {
+            if self.lifecycle.generations.contains_key(generation) {
+                continue;
+            }
+            let view = read_generation(storage.as_ref(), &root, *generation)?;
+            let bytes = dir_bytes(storage.as_ref(), &root.join(generation_dir_name(*generation)))?;
+            self.lifecycle.generations.insert(
+                *generation,
+                GenerationFacts {
+                    bytes,
+                    created_at_ms: view.manifest.created_at_ms,
+                    refs: referenced_artifacts(&view.entries),
+                },
+            );
+        }
+        // A generation's age starts when the next one replaced it.
+        let mut candidates = Vec::with_capacity(retained.len() + 1);
+        for (position, generation) in retained.iter().enumerate() {
+            let facts = &self.lifecycle.generations[generation];
+            let superseded_at = retained
+                .get(position + 1)
+                .and_then(|next| self.lifecycle.generations.get(next))
+                .map_or(self.journal.manifest().created_at_ms, |next| next.created_at_ms);
+            candidates.push(SweepCandidate {
+                key: generation.to_string(),
+                bytes: facts.bytes,
+                since_ms: superseded_at,
+                protected: false,
+            });
+        }
+        candidates.push(SweepCandidate {
+            key: current.to_string(),
+            bytes: dir_bytes(storage.as_ref(), &root.join(generation_dir_name(current)))?,
+            since_ms: now_ms,
+            protected: true,
+        });
+        let plan = plan_sweep(&candidates, &retention.generations, now_ms);
+        let doomed: BTreeSet<usize> = plan.doomed.iter().map(|(index, _)| *index).collect();
+        for index in &doomed {
+            let generation = retained[*index];
+            self.journal.remove_superseded_generation(generation)?;
+            self.lifecycle.generations.remove(&generation);
+            report.removed_generations.push(generation);
+        }
+        let kept = retained
+            .iter()
+            .enumerate()
+            .filter(|(index, _)| !doomed.contains(index))
+            .map(|(_, generation)| *generation)
+            .collect();
+        Ok((tally(SweepKind::Generation, &candidates, &plan), kept))
+    }
+
+    /// Adds what pending compaction proposals (from `strata compact`) reference.
+    fn proposal_refs(&self, protected: &mut BTreeSet<String>) -> Result<(), EngineError> {
+        let dir = self.journal.dir().join(PROPOSALS_DIR);
+        for name in list(self.storage.as_ref(), &dir)? {
+            let path = dir.join(name);
+            match self.storage.read(&path) {
+                Ok(bytes) => scan_refs(&String::from_utf8_lossy(&bytes), protected),
+                // The writer may apply and delete a proposal while we list.
+                Err(error) if error.kind() == std::io::ErrorKind::NotFound => {}
+                Err(error) => return Err(io_error("read", &path)(error)),
+            }
+        }
+        Ok(())
+    }
+
+    /// Unreferenced artifacts of every tenant directory.
+    fn sweep_artifacts(
+        &mut self,
+        retention: &VolumeRetention,
+        now_ms: u64,
+        protected: &BTreeSet<String>,
+    ) -> Result<KindSweep, EngineError> {
+        let storage = self.storage.clone();
+        let root = self.store.root().to_path_buf();
+        let mut files = Vec::new();
+        let mut candidates = Vec::new();
+        let mut seen = BTreeSet::new();
+        for tenant in list(storage.as_ref(), &root)? {
+            let tenant_dir = root.join(&tenant);
+            for shard in list(storage.as_ref(), &tenant_dir)? {
+                let shard_dir = tenant_dir.join(&shard);
+                for name in list(storage.as_ref(), &shard_dir)? {
+                    let path = shard_dir.join(&name);
+                    let Some(bytes) = storage.file_len(&path).map_err(io_error("stat", &path))? else {
+                        continue;
+                    };
+                    let key = format!("{tenant}/{shard}/{name}");
+                    let digest = (name.len() == 64 && !name.starts_with('.')).then(|| name.clone());
+                    let is_protected = digest.as_ref().is_some_and(|d| protected.contains(d));
+                    let since = if is_protected {
+                        self.lifecycle.ledger.since.remove(&key);
+                        now_ms
+                    } else {
+                        *self.lifecycle.ledger.since.entry(key.clone()).or_insert(now_ms)
+                    };
+                    seen.insert(key.clone());
+                    candidates.push(SweepCandidate { key, bytes, since_ms: since, protected: is_protected });
+                    files.push(FileCandidate { path, digest });
+                }
+            }
+        }
+        self.lifecycle.ledger.since.retain(|key, _| key.starts_with("compactions/") || seen.contains(key));
+        let plan = plan_sweep(&candidates, &retention.artifacts, now_ms);
+        let mut touched_dirs = BTreeSet::new();
+        for (index, _) in &plan.doomed {
+            let file = &files[*index];
+            storage.remove_file(&file.path).map_err(io_error("remove", &file.path))?;
+            self.lifecycle.ledger.since.remove(&candidates[*index].key);
+            if let Some(digest) = &file.digest {
+                self.store.mark_swept(digest, now_ms);
+                self.lifecycle.ledger.swept.insert(digest.clone(), now_ms);
+            }
+            if let Some(shard) = file.path.parent() {
+                touched_dirs.insert(shard.to_path_buf());
+            }
+        }
+        for shard in &touched_dirs {
+            storage.sync_dir(shard).map_err(io_error("fsync directory", shard))?;
+            if list(storage.as_ref(), shard)?.is_empty() {
+                storage.remove_dir(shard).map_err(io_error("remove directory", shard))?;
+                if let Some(tenant_dir) = shard.parent() {
+                    storage.sync_dir(tenant_dir).map_err(io_error("fsync directory", tenant_dir))?;
+                }
+            }
+        }
+        Ok(tally(SweepKind::Artifact, &candidates, &plan))
+    }
+
+    /// Compaction records (`compactions/*.json`), by age since first seen and by bytes.
+    fn sweep_records(&mut self, retention: &VolumeRetention, now_ms: u64) -> Result<KindSweep, EngineError> {
+        let storage = self.storage.clone();
+        let dir = self.journal.dir().join(RECORDS_DIR);
+        let mut paths = Vec::new();
+        let mut candidates = Vec::new();
+        let mut seen = BTreeSet::new();
+        for name in list(storage.as_ref(), &dir)? {
+            if !name.ends_with(".json") {
+                continue;
+            }
+            let path = dir.join(&name);
+            let Some(bytes) = storage.file_len(&path).map_err(io_error("stat", &path))? else { continue };
+            let key = format!("{RECORDS_DIR}/{name}");
+            let since = *self.lifecycle.ledger.since.entry(key.clone()).or_insert(now_ms);
+            seen.insert(key.clone());
+            candidates.push(SweepCandidate { key, bytes, since_ms: since, protected: false });
+            paths.push(path);
+        }
+        self.lifecycle.ledger.since.retain(|key, _| !key.starts_with("compactions/") || seen.contains(key));
+        let plan = plan_sweep(&candidates, &retention.compaction_records, now_ms);
+        for (index, _) in &plan.doomed {
+            storage.remove_file(&paths[*index]).map_err(io_error("remove", &paths[*index]))?;
+            self.lifecycle.ledger.since.remove(&candidates[*index].key);
+        }
+        if !plan.doomed.is_empty() {
+            storage.sync_dir(&dir).map_err(io_error("fsync directory", &dir))?;
+        }
+        Ok(tally(SweepKind::CompactionRecord, &candidates, &plan))
+    }
+}
