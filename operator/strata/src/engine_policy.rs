@@ -83,6 +83,7 @@ pub fn session_settings(
         compaction_trigger_percent: policy.compaction.trigger_percent,
         retain_generations: policy.compaction.retain_generations as usize,
         tokenizer: tokenizer_kind(tokenizer),
+        volume: policy.volume,
     })
 }
 

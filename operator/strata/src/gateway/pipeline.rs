@@ -69,6 +69,8 @@ pub struct Gateway {
     pub responses: ResponseCache,
     /// Bytes used on the data volume.
     pub volume: Arc<super::volume::VolumeUsage>,
+    /// What the artifact sweeper deleted.
+    pub sweeps: super::sweeper::SweepLog,
 }
 
 impl Gateway {
