@@ -202,6 +202,16 @@ pub fn referenced_artifacts<'a>(entries: impl IntoIterator<Item = &'a Entry>) ->
     refs
 }
 
+/// The digests of the archives `entries` point at: the recorded `artifact_refs` of compaction and
+/// purge summaries, which hold the removed entries (and so name further artifacts inside them).
+pub fn archive_refs<'a>(entries: impl IntoIterator<Item = &'a Entry>) -> BTreeSet<String> {
+    entries
+        .into_iter()
+        .filter(|entry| entry.id.kind() == crate::entry::EntryKind::Summary)
+        .flat_map(|entry| entry.artifact_refs.iter().map(|r| r.digest_hex().to_owned()))
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     #![allow(clippy::unwrap_used)]

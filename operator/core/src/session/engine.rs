@@ -353,7 +353,7 @@ pub struct SessionEngine {
     warnings: Vec<String>,
     client_system: String,
     system_split: VolatileSplit,
-    tenant: String,
+    pub(super) tenant: String,
     /// State files found corrupt at open (started afresh).
     corrupt_state: Vec<CorruptState>,
 }

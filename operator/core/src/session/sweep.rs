@@ -17,8 +17,8 @@ use crate::artifacts::ArtifactError;
 use crate::compaction::{PROPOSALS_DIR, RECORDS_DIR};
 use crate::journal::{Storage, generation_dir_name, read_generation};
 use crate::lifecycle::{
-    SweepCandidate, SweepKind, SweepPlan, SweepReason, VolumeRetention, plan_sweep, referenced_artifacts,
-    scan_refs,
+    SweepCandidate, SweepKind, SweepPlan, SweepReason, VolumeRetention, archive_refs, plan_sweep,
+    referenced_artifacts, scan_refs,
 };
 
 /// The state file holding the sweeper's clocks.
@@ -46,6 +46,7 @@ pub(super) struct GenerationFacts {
     bytes: u64,
     created_at_ms: u64,
     refs: BTreeSet<String>,
+    archives: BTreeSet<String>,
 }
 
 /// The sweeper's state inside the engine.
@@ -53,11 +54,13 @@ pub(super) struct GenerationFacts {
 pub(super) struct Lifecycle {
     pub(super) ledger: LifecycleLedger,
     generations: HashMap<u64, GenerationFacts>,
+    /// Artifact digest → the references written inside it (artifacts never change).
+    inner_refs: HashMap<String, Vec<String>>,
 }
 
 impl Lifecycle {
     pub(super) fn new(ledger: LifecycleLedger) -> Self {
-        Self { ledger, generations: HashMap::new() }
+        Self { ledger, generations: HashMap::new(), inner_refs: HashMap::new() }
     }
 }
 
@@ -185,6 +188,12 @@ fn tally(kind: SweepKind, candidates: &[SweepCandidate], plan: &SweepPlan) -> Ki
 }
 
 impl SessionEngine {
+    /// Bytes of every file under the data directory (journal, artifacts, records, state), through
+    /// the engine's storage.
+    pub fn volume_bytes(&self) -> Result<u64, EngineError> {
+        volume_bytes(self.storage.as_ref(), self.journal.dir())
+    }
+
     /// The sweeper's clocks (for tests and the inspector).
     pub fn lifecycle_ledger(&self) -> &LifecycleLedger {
         &self.lifecycle.ledger
@@ -202,15 +211,18 @@ impl SessionEngine {
     ) -> Result<SweepReport, EngineError> {
         let mut report = SweepReport { at_ms: now_ms, ..SweepReport::default() };
         let mut protected = referenced_artifacts(self.journal.entries());
+        let mut archives = archive_refs(self.journal.entries());
         let (generations, kept) = self.sweep_generations(retention, now_ms, &mut report)?;
         report.kinds.push(generations);
         for generation in &kept {
             if let Some(facts) = self.lifecycle.generations.get(generation) {
                 protected.extend(facts.refs.iter().cloned());
+                archives.extend(facts.archives.iter().cloned());
             }
         }
         report.kept_generations = kept;
         self.proposal_refs(&mut protected)?;
+        self.refs_inside_archives(archives, &mut protected)?;
         let artifacts = self.sweep_artifacts(retention, now_ms, &protected)?;
         report.kinds.push(artifacts);
         let records = self.sweep_records(retention, now_ms)?;
@@ -251,6 +263,7 @@ impl SessionEngine {
                     bytes,
                     created_at_ms: view.manifest.created_at_ms,
                     refs: referenced_artifacts(&view.entries),
+                    archives: archive_refs(&view.entries),
                 },
             );
         }
@@ -290,6 +303,48 @@ impl SessionEngine {
             .map(|(_, generation)| *generation)
             .collect();
         Ok((tally(SweepKind::Generation, &candidates, &plan), kept))
+    }
+
+    /// Adds, transitively, what `archives` name inside them: a compaction or purge archive holds
+    /// the removed entries, whose spill markers and own archives name further artifacts, still
+    /// reachable through the summary's `data_ref`. Artifacts never change, so each is read once.
+    fn refs_inside_archives(
+        &mut self,
+        archives: BTreeSet<String>,
+        protected: &mut BTreeSet<String>,
+    ) -> Result<(), EngineError> {
+        let mut pending: Vec<String> = archives.into_iter().collect();
+        let mut scanned = BTreeSet::new();
+        while let Some(digest) = pending.pop() {
+            if !scanned.insert(digest.clone()) {
+                continue;
+            }
+            if !self.lifecycle.inner_refs.contains_key(&digest) {
+                let inner = self.read_inner_refs(&digest)?;
+                self.lifecycle.inner_refs.insert(digest.clone(), inner);
+            }
+            for inner in self.lifecycle.inner_refs.get(&digest).into_iter().flatten() {
+                protected.insert(inner.clone());
+                pending.push(inner.clone());
+            }
+        }
+        Ok(())
+    }
+
+    /// The references written inside one artifact (none when it is not on the volume).
+    fn read_inner_refs(&self, digest: &str) -> Result<Vec<String>, EngineError> {
+        let Ok(artifact) = format!("art:sha256:{digest}").parse::<crate::artifacts::ArtifactRef>() else {
+            return Ok(Vec::new());
+        };
+        let path = self.store.path_of(&self.tenant, &artifact)?;
+        if !self.storage.exists(&path).map_err(io_error("stat", &path))? {
+            return Ok(Vec::new());
+        }
+        let bytes = self.storage.read(&path).map_err(io_error("read", &path))?;
+        let mut found = BTreeSet::new();
+        scan_refs(&String::from_utf8_lossy(&bytes), &mut found);
+        found.remove(digest);
+        Ok(found.into_iter().collect())
     }
 
     /// Adds what pending compaction proposals (from `strata compact`) reference.
@@ -351,6 +406,7 @@ impl SessionEngine {
             storage.remove_file(&file.path).map_err(io_error("remove", &file.path))?;
             self.lifecycle.ledger.since.remove(&candidates[*index].key);
             if let Some(digest) = &file.digest {
+                self.lifecycle.inner_refs.remove(digest);
                 self.store.mark_swept(digest, now_ms);
                 self.lifecycle.ledger.swept.insert(digest.clone(), now_ms);
             }
