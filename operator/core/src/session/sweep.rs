@@ -457,3 +457,95 @@ impl SessionEngine {
         Ok(tally(SweepKind::CompactionRecord, &candidates, &plan))
     }
 }
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+    use crate::artifacts::ArtifactRef;
+    use crate::entry::{Content, Role, ToolResult};
+    use crate::lifecycle::KeepLimits;
+    use crate::session::{Api, SessionSettings};
+
+    const HOUR_MS: u64 = 3_600_000;
+
+    fn tool_result(text: String) -> Content {
+        Content {
+            tool_results: vec![ToolResult { call_id: "c".into(), name: None, output: text }],
+            ..Content::default()
+        }
+    }
+
+    fn artifact_kind(report: &SweepReport) -> &KindSweep {
+        report.kinds.iter().find(|k| k.kind == SweepKind::Artifact).unwrap()
+    }
+
+    #[test]
+    fn the_sweep_deletes_expired_orphans_and_never_a_live_reference() {
+        let settings = SessionSettings::defaults(Api::OpenAi, 32_000);
+        let mut engine = SessionEngine::in_memory(&settings, 0).unwrap();
+        let tenant = settings.tenant.clone();
+        let live = engine.store().put(&tenant, b"a spilled output the journal still names").unwrap();
+        let orphan = engine.store().put(&tenant, b"an output nothing names any more").unwrap();
+        engine
+            .append_own(&settings, Role::Tool, tool_result(format!("preview\ndata_ref={live}")), 0)
+            .unwrap();
+        let retention = VolumeRetention {
+            artifacts: KeepLimits { max_age_seconds: 3_600, max_bytes: u64::MAX },
+            ..VolumeRetention::default()
+        };
+
+        let first = engine.sweep_volume(&retention, 0).unwrap();
+        assert_eq!(artifact_kind(&first).files_swept, 0, "the orphan's age starts now");
+        assert_eq!(engine.lifecycle_ledger().since.len(), 1, "only the orphan is on the clock");
+        let later = engine.sweep_volume(&retention, 2 * HOUR_MS).unwrap();
+        assert_eq!((artifact_kind(&later).files_swept, artifact_kind(&later).swept_for_age), (1, 1));
+        assert_eq!(artifact_kind(&later).files_protected, 1);
+
+        let kept = engine.store().get(&tenant, &live).unwrap();
+        assert_eq!(kept, b"a spilled output the journal still names");
+        let gone = engine.store().get(&tenant, &orphan).unwrap_err();
+        assert!(gone.to_string().contains("expired by retention policy"), "{gone}");
+        let never = engine.store().get(&tenant, &ArtifactRef::for_bytes(b"never stored")).unwrap_err();
+        assert!(matches!(never, ArtifactError::NotFound { .. }), "{never}");
+        assert!(engine.lifecycle_ledger().swept.contains_key(orphan.digest_hex()));
+
+        // Stored again (the same output spilled anew), it reads back and is no longer "expired".
+        engine.store().put(&tenant, b"an output nothing names any more").unwrap();
+        assert!(engine.store().get(&tenant, &orphan).is_ok());
+    }
+
+    #[test]
+    fn a_kept_rollback_target_protects_its_artifacts_until_the_policy_lets_it_go() {
+        let settings = SessionSettings::defaults(Api::OpenAi, 32_000);
+        let mut engine = SessionEngine::in_memory(&settings, 0).unwrap();
+        let tenant = settings.tenant.clone();
+        let old = engine.store().put(&tenant, b"an output only the old generation names").unwrap();
+        engine.append_own(&settings, Role::Tool, tool_result(format!("data_ref={old}")), 0).unwrap();
+        engine.journal.fork(0, "a new conversation", HOUR_MS).unwrap();
+        let keep_generations = VolumeRetention {
+            artifacts: KeepLimits { max_age_seconds: 60, max_bytes: 0 },
+            generations: KeepLimits { max_age_seconds: 24 * 3_600, max_bytes: u64::MAX },
+            ..VolumeRetention::default()
+        };
+        let report = engine.sweep_volume(&keep_generations, 10 * HOUR_MS).unwrap();
+        assert_eq!(report.kept_generations, [1]);
+        assert_eq!(artifact_kind(&report).files_swept, 0, "a kept rollback target's artifact stays");
+        assert!(artifact_kind(&report).over_budget_bytes > 0, "and the report says it holds the budget");
+        assert!(engine.store().get(&tenant, &old).is_ok());
+
+        let drop_generations = VolumeRetention {
+            generations: KeepLimits { max_age_seconds: 3_600, max_bytes: u64::MAX },
+            ..keep_generations
+        };
+        let report = engine.sweep_volume(&drop_generations, 10 * HOUR_MS).unwrap();
+        assert_eq!(report.removed_generations, [1], "superseded 9 hours ago, past its 1 hour");
+        assert_eq!(
+            artifact_kind(&report).swept_for_bytes,
+            1,
+            "then its artifact goes over the 0-byte budget"
+        );
+        assert!(engine.journal().retained_generations().unwrap().is_empty());
+        assert!(matches!(engine.store().get(&tenant, &old), Err(ArtifactError::Expired { .. })));
+    }
+}
