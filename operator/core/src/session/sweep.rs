@@ -119,22 +119,47 @@ fn io_error(operation: &'static str, path: &Path) -> impl FnOnce(std::io::Error)
     move |source| EngineError::Artifact(ArtifactError::Io { operation, path, source })
 }
 
-/// Lists a directory, empty when it does not exist.
+/// A temporary file another writer (e.g. `strata compact` storing an archive) may still be
+/// renaming into place is left alone for this long.
+const TEMP_FILE_GRACE_MS: u64 = 3_600_000;
+
+fn vanished(error: &std::io::Error) -> bool {
+    error.kind() == std::io::ErrorKind::NotFound
+}
+
+/// Lists a directory, empty when it does not exist (or vanished meanwhile).
 fn list(storage: &dyn Storage, dir: &Path) -> Result<Vec<String>, EngineError> {
-    if !storage.exists(dir).map_err(io_error("stat", dir))? {
-        return Ok(Vec::new());
-    }
-    let mut names = storage.list_dir(dir).map_err(io_error("list", dir))?;
+    let mut names = match storage.list_dir(dir) {
+        Ok(names) => names,
+        Err(error) if vanished(&error) => return Ok(Vec::new()),
+        Err(error) => return Err(io_error("list", dir)(error)),
+    };
     names.sort();
     Ok(names)
+}
+
+/// A file's size; `None` for a directory or a file that vanished since it was listed.
+fn file_len(storage: &dyn Storage, path: &Path) -> Result<Option<u64>, EngineError> {
+    match storage.file_len(path) {
+        Ok(len) => Ok(len),
+        Err(error) if vanished(&error) => Ok(None),
+        Err(error) => Err(io_error("stat", path)(error)),
+    }
+}
+
+/// Removes a file; one already gone is fine.
+fn remove(storage: &dyn Storage, path: &Path) -> Result<(), EngineError> {
+    match storage.remove_file(path) {
+        Err(error) if !vanished(&error) => Err(io_error("remove", path)(error)),
+        _ => Ok(()),
+    }
 }
 
 /// Bytes of the files directly in `dir`.
 fn dir_bytes(storage: &dyn Storage, dir: &Path) -> Result<u64, EngineError> {
     let mut total = 0;
     for name in list(storage, dir)? {
-        let path = dir.join(name);
-        total += storage.file_len(&path).map_err(io_error("stat", &path))?.unwrap_or(0);
+        total += file_len(storage, &dir.join(name))?.unwrap_or(0);
     }
     Ok(total)
 }
@@ -144,9 +169,11 @@ pub fn volume_bytes(storage: &dyn Storage, dir: &Path) -> Result<u64, EngineErro
     let mut total = 0;
     for name in list(storage, dir)? {
         let path = dir.join(name);
-        match storage.file_len(&path).map_err(io_error("stat", &path))? {
-            Some(len) => total += len,
-            None => total += volume_bytes(storage, &path)?,
+        match storage.file_len(&path) {
+            Ok(Some(len)) => total += len,
+            Ok(None) => total += volume_bytes(storage, &path)?,
+            Err(error) if vanished(&error) => {}
+            Err(error) => return Err(io_error("stat", &path)(error)),
         }
     }
     Ok(total)
@@ -380,18 +407,19 @@ impl SessionEngine {
                 let shard_dir = tenant_dir.join(&shard);
                 for name in list(storage.as_ref(), &shard_dir)? {
                     let path = shard_dir.join(&name);
-                    let Some(bytes) = storage.file_len(&path).map_err(io_error("stat", &path))? else {
-                        continue;
-                    };
+                    let Some(bytes) = file_len(storage.as_ref(), &path)? else { continue };
                     let key = format!("{tenant}/{shard}/{name}");
                     let digest = (name.len() == 64 && !name.starts_with('.')).then(|| name.clone());
-                    let is_protected = digest.as_ref().is_some_and(|d| protected.contains(d));
-                    let since = if is_protected {
+                    let referenced = digest.as_ref().is_some_and(|d| protected.contains(d));
+                    let since = if referenced {
                         self.lifecycle.ledger.since.remove(&key);
                         now_ms
                     } else {
                         *self.lifecycle.ledger.since.entry(key.clone()).or_insert(now_ms)
                     };
+                    let fresh_temp =
+                        name.starts_with('.') && now_ms.saturating_sub(since) < TEMP_FILE_GRACE_MS;
+                    let is_protected = referenced || fresh_temp;
                     seen.insert(key.clone());
                     candidates.push(SweepCandidate { key, bytes, since_ms: since, protected: is_protected });
                     files.push(FileCandidate { path, digest });
@@ -403,7 +431,7 @@ impl SessionEngine {
         let mut touched_dirs = BTreeSet::new();
         for (index, _) in &plan.doomed {
             let file = &files[*index];
-            storage.remove_file(&file.path).map_err(io_error("remove", &file.path))?;
+            remove(storage.as_ref(), &file.path)?;
             self.lifecycle.ledger.since.remove(&candidates[*index].key);
             if let Some(digest) = &file.digest {
                 self.lifecycle.inner_refs.remove(digest);
@@ -417,7 +445,10 @@ impl SessionEngine {
         for shard in &touched_dirs {
             storage.sync_dir(shard).map_err(io_error("fsync directory", shard))?;
             if list(storage.as_ref(), shard)?.is_empty() {
-                storage.remove_dir(shard).map_err(io_error("remove directory", shard))?;
+                // A writer may have put a file there meanwhile: then the directory stays.
+                if storage.remove_dir(shard).is_err() {
+                    continue;
+                }
                 if let Some(tenant_dir) = shard.parent() {
                     storage.sync_dir(tenant_dir).map_err(io_error("fsync directory", tenant_dir))?;
                 }
@@ -438,7 +469,7 @@ impl SessionEngine {
                 continue;
             }
             let path = dir.join(&name);
-            let Some(bytes) = storage.file_len(&path).map_err(io_error("stat", &path))? else { continue };
+            let Some(bytes) = file_len(storage.as_ref(), &path)? else { continue };
             let key = format!("{RECORDS_DIR}/{name}");
             let since = *self.lifecycle.ledger.since.entry(key.clone()).or_insert(now_ms);
             seen.insert(key.clone());
@@ -448,7 +479,7 @@ impl SessionEngine {
         self.lifecycle.ledger.since.retain(|key, _| !key.starts_with("compactions/") || seen.contains(key));
         let plan = plan_sweep(&candidates, &retention.compaction_records, now_ms);
         for (index, _) in &plan.doomed {
-            storage.remove_file(&paths[*index]).map_err(io_error("remove", &paths[*index]))?;
+            remove(storage.as_ref(), &paths[*index])?;
             self.lifecycle.ledger.since.remove(&candidates[*index].key);
         }
         if !plan.doomed.is_empty() {
