@@ -35,6 +35,13 @@ use crate::refs::{LocalKeyRef, LocalRef};
     ),
     printcolumn(name = "Level", type_ = "string", json_path = ".status.context.level"),
     printcolumn(
+        name = "Volume",
+        type_ = "integer",
+        json_path = ".status.context.volumeBytes",
+        description = "Bytes used on the agent's data volume",
+        priority = 1
+    ),
+    printcolumn(
         name = "Generation",
         type_ = "integer",
         json_path = ".status.journal.generation",
@@ -345,6 +352,10 @@ pub struct ContextStatus {
     /// Prompt tokens billed fresh, cumulative.
     #[serde(default)]
     pub fresh_tokens: u64,
+    /// Bytes used on the agent's data volume (journal, artifacts, gateway state), as the gateway
+    /// last measured them.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub volume_bytes: Option<u64>,
     /// When the gateway wrote this.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub updated_at: Option<Time>,

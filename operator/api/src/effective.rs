@@ -18,6 +18,7 @@ use crate::context_policy::ContextPolicy;
 use crate::fields::{NumericField, PolicyField};
 use crate::policy::{BreakpointMode, PolicySpec, RetentionClass, RetentionMatch, RetentionRule, StateField};
 use crate::selector::{SelectorError, selector_matches};
+use strata_core::lifecycle::VolumeRetention;
 
 /// The fully resolved policy: every field has a value.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -37,6 +38,9 @@ pub struct EffectivePolicy {
     pub redaction: EffectiveRedaction,
     /// Reporting.
     pub reporting: EffectiveReporting,
+    /// Lifecycle of the derived files on the volume (absent in older files: the defaults).
+    #[serde(default)]
+    pub volume: VolumeRetention,
 }
 
 /// Resolved budget.
@@ -209,6 +213,7 @@ impl Default for EffectivePolicy {
             },
             redaction: EffectiveRedaction { enabled: true, extra_patterns: Vec::new() },
             reporting: EffectiveReporting { interval_seconds: 30 },
+            volume: VolumeRetention::default(),
         }
     }
 }

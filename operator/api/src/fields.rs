@@ -70,6 +70,13 @@ field_enum!(
         RedactionEnabled => "redaction.enabled",
         RedactionExtraPatterns => "redaction.extraPatterns",
         ReportingIntervalSeconds => "reporting.intervalSeconds",
+        VolumeArtifactsMaxAgeSeconds => "volume.artifacts.maxAgeSeconds",
+        VolumeArtifactsMaxBytes => "volume.artifacts.maxBytes",
+        VolumeGenerationsMaxAgeSeconds => "volume.generations.maxAgeSeconds",
+        VolumeGenerationsMaxBytes => "volume.generations.maxBytes",
+        VolumeRecordsMaxAgeSeconds => "volume.compactionRecords.maxAgeSeconds",
+        VolumeRecordsMaxBytes => "volume.compactionRecords.maxBytes",
+        VolumeSweepIntervalSeconds => "volume.sweepIntervalSeconds",
     }
 );
 
@@ -95,6 +102,13 @@ field_enum!(
         ResponseCacheTtlSeconds => "cache.responseCacheTtlSeconds",
         PurgeMinSavingsRatio => "cache.purgeMinSavingsRatio",
         ReportingIntervalSeconds => "reporting.intervalSeconds",
+        VolumeArtifactsMaxAgeSeconds => "volume.artifacts.maxAgeSeconds",
+        VolumeArtifactsMaxBytes => "volume.artifacts.maxBytes",
+        VolumeGenerationsMaxAgeSeconds => "volume.generations.maxAgeSeconds",
+        VolumeGenerationsMaxBytes => "volume.generations.maxBytes",
+        VolumeRecordsMaxAgeSeconds => "volume.compactionRecords.maxAgeSeconds",
+        VolumeRecordsMaxBytes => "volume.compactionRecords.maxBytes",
+        VolumeSweepIntervalSeconds => "volume.sweepIntervalSeconds",
     }
 );
 

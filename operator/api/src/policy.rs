@@ -33,6 +33,10 @@ pub struct PolicySpec {
     /// How often the gateway reports context status to the Agent.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reporting: Option<ReportingSpec>,
+    /// How long derived files on the agent's volume (artifacts, old generations, compaction
+    /// records) are kept before the gateway's sweeper deletes them.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub volume: Option<VolumeSpec>,
 }
 
 /// Budget thresholds (percent of the context window) and token reservations.
@@ -297,4 +301,54 @@ pub struct ReportingSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = 5, max = 3600))]
     pub interval_seconds: Option<u32>,
+}
+
+/// Lifecycle of the derived files on the agent's volume. The gateway's sweeper deletes what is past
+/// its age or over its kind's bytes (oldest first), never anything the live generation, a kept
+/// rollback target or a pending compaction references. Defaults fit a 1Gi volume.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, KubeSchema)]
+#[serde(rename_all = "camelCase")]
+#[x_kube(
+    validation = Rule::new("!has(self.sweepIntervalSeconds) || !has(self.artifacts) || !has(self.artifacts.maxAgeSeconds) || self.artifacts.maxAgeSeconds >= self.sweepIntervalSeconds")
+        .message("volume.artifacts.maxAgeSeconds must be at least volume.sweepIntervalSeconds: an artifact cannot expire between two sweeps; raise maxAgeSeconds or sweep more often"),
+    validation = Rule::new("!has(self.sweepIntervalSeconds) || !has(self.generations) || !has(self.generations.maxAgeSeconds) || self.generations.maxAgeSeconds >= self.sweepIntervalSeconds")
+        .message("volume.generations.maxAgeSeconds must be at least volume.sweepIntervalSeconds: a generation cannot expire between two sweeps; raise maxAgeSeconds or sweep more often"),
+    validation = Rule::new("!has(self.sweepIntervalSeconds) || !has(self.compactionRecords) || !has(self.compactionRecords.maxAgeSeconds) || self.compactionRecords.maxAgeSeconds >= self.sweepIntervalSeconds")
+        .message("volume.compactionRecords.maxAgeSeconds must be at least volume.sweepIntervalSeconds: a record cannot expire between two sweeps; raise maxAgeSeconds or sweep more often"),
+)]
+pub struct VolumeSpec {
+    /// The artifact store: spilled tool outputs, elided, expired and deduplicated copies, and the
+    /// archives of entries removed by compaction and purge. Age counts from when nothing kept
+    /// references an artifact any more. Defaults: 7 days, 512 MiB.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub artifacts: Option<KeepLimitsSpec>,
+    /// Superseded journal generations (rollback targets; `compaction.retainGenerations` is the most
+    /// kept). Age counts from when a newer generation replaced one. Defaults: 7 days, 256 MiB
+    /// (bytes include the live generation, which is never deleted).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub generations: Option<KeepLimitsSpec>,
+    /// Compaction records beside the journal. Defaults: 30 days, 16 MiB.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub compaction_records: Option<KeepLimitsSpec>,
+    /// Seconds between sweeps. Default 300.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 10, max = 86_400))]
+    pub sweep_interval_seconds: Option<u32>,
+}
+
+/// How long one kind of derived file is kept, by age and by bytes.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, KubeSchema)]
+#[serde(rename_all = "camelCase")]
+#[x_kube(validation = Rule::new("has(self.maxAgeSeconds) || has(self.maxBytes)")
+    .message("set maxAgeSeconds, maxBytes or both: an empty limit changes nothing"))]
+pub struct KeepLimitsSpec {
+    /// Seconds a file is kept once nothing needs it (1 minute to 1 year).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 60, max = 31_536_000))]
+    pub max_age_seconds: Option<u64>,
+    /// Bytes this kind may take on the volume (1 MiB to 1 TiB); past it the oldest unneeded files go
+    /// first.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1_048_576, max = 1_099_511_627_776_u64))]
+    pub max_bytes: Option<u64>,
 }

@@ -9,8 +9,8 @@ use strata_api::cluster_policy::FieldBound;
 use strata_api::effective::{ClampReason, EffectivePolicy, PolicyError, PolicyInputs, Resolution, resolve};
 use strata_api::fields::{NumericField, PolicyField};
 use strata_api::policy::{
-    BudgetSpec, CompactionSpec, PolicySpec, RedactionSpec, RetentionClass, RetentionMatch, RetentionRule,
-    RetentionSpec, ToolResultsSpec,
+    BudgetSpec, CompactionSpec, KeepLimitsSpec, PolicySpec, RedactionSpec, RetentionClass, RetentionMatch,
+    RetentionRule, RetentionSpec, ToolResultsSpec, VolumeSpec,
 };
 use strata_api::{ClusterContextPolicy, ClusterContextPolicySpec, ContextPolicy, ContextPolicySpec};
 
@@ -421,4 +421,69 @@ proptest! {
         let permuted = resolve_with(&BTreeMap::new(), &shuffled, Some(&ns), None);
         prop_assert_eq!(forward, permuted);
     }
+}
+
+fn volume(artifacts: Option<KeepLimitsSpec>, sweep: Option<u32>) -> PolicySpec {
+    PolicySpec {
+        volume: Some(VolumeSpec { artifacts, sweep_interval_seconds: sweep, ..VolumeSpec::default() }),
+        ..PolicySpec::default()
+    }
+}
+
+#[test]
+fn volume_retention_merges_field_by_field_with_defaults_for_a_1gi_volume() {
+    let defaults = EffectivePolicy::default().volume;
+    let total =
+        defaults.artifacts.max_bytes + defaults.generations.max_bytes + defaults.compaction_records.max_bytes;
+    assert!(total < 1024 * 1024 * 1024, "the defaults leave room for the live journal on a 1Gi volume");
+    let ns = tenant(volume(Some(KeepLimitsSpec { max_age_seconds: Some(86_400), max_bytes: None }), None));
+    let agent = volume(Some(KeepLimitsSpec { max_age_seconds: None, max_bytes: Some(64 << 20) }), Some(60));
+    let r = resolve_with(&BTreeMap::new(), &[], Some(&ns), Some(&agent));
+    let volume = r.policy.volume;
+    assert_eq!(volume.artifacts.max_age_seconds, 86_400, "the namespace's age");
+    assert_eq!(volume.artifacts.max_bytes, 64 << 20, "the agent's bytes");
+    assert_eq!(volume.sweep_interval_seconds, 60);
+    assert_eq!(volume.generations, defaults.generations, "untouched kinds keep the defaults");
+    assert_eq!(r.provenance["volume.artifacts.maxAgeSeconds"].to_string(), "ContextPolicy/default");
+    assert_eq!(r.provenance["volume.artifacts.maxBytes"].to_string(), "Agent/builder");
+    assert_eq!(r.provenance["volume.generations.maxBytes"].to_string(), "Default/builtin");
+}
+
+#[test]
+fn volume_retention_obeys_platform_locks_and_bounds() {
+    let platform = cluster(
+        "fleet",
+        10,
+        ClusterContextPolicySpec {
+            policy: volume(Some(KeepLimitsSpec { max_age_seconds: Some(3_600), max_bytes: None }), None),
+            locks: Some(vec![PolicyField::VolumeArtifactsMaxAgeSeconds]),
+            bounds: Some(vec![FieldBound {
+                field: NumericField::VolumeArtifactsMaxBytes,
+                min: None,
+                max: Some((256u64 << 20) as f64),
+            }]),
+            ..Default::default()
+        },
+    );
+    let agent =
+        volume(Some(KeepLimitsSpec { max_age_seconds: Some(30 * 86_400), max_bytes: Some(2 << 30) }), None);
+    let r = resolve_with(&BTreeMap::new(), &[platform], None, Some(&agent));
+    assert_eq!(r.policy.volume.artifacts.max_age_seconds, 3_600, "locked by the platform");
+    assert_eq!(r.policy.volume.artifacts.max_bytes, 256 << 20, "clamped to the platform's maximum");
+    let reasons: Vec<(&str, ClampReason)> = r.clamps.iter().map(|c| (c.field.as_str(), c.reason)).collect();
+    assert_eq!(
+        reasons,
+        [
+            ("volume.artifacts.maxAgeSeconds", ClampReason::Locked),
+            ("volume.artifacts.maxBytes", ClampReason::Bound)
+        ]
+    );
+}
+
+#[test]
+fn gateway_json_without_volume_fields_reads_the_defaults() {
+    let mut json = serde_json::to_value(EffectivePolicy::default()).unwrap();
+    json.as_object_mut().unwrap().remove("volume");
+    let policy: EffectivePolicy = serde_json::from_value(json).unwrap();
+    assert_eq!(policy.volume, EffectivePolicy::default().volume);
 }

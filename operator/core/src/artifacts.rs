@@ -5,12 +5,13 @@
 //! corruption is reported (naming the file) instead of being served. There is no cross-tenant
 //! deduplication: the same bytes put by two tenants are stored twice.
 
+use std::collections::HashMap;
 use std::fmt;
 use std::io;
 use std::path::{Path, PathBuf};
 use std::str::FromStr;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 use sha2::{Digest, Sha256};
@@ -90,6 +91,17 @@ pub enum ArtifactError {
         /// Where it would be.
         path: PathBuf,
     },
+    /// The artifact was deleted by the volume's retention policy (the artifact sweeper).
+    #[error(
+        "{data_ref} expired by retention policy: the artifact sweeper deleted it at {swept_at} (volume.artifacts \
+         maxAgeSeconds/maxBytes); it can no longer be read"
+    )]
+    Expired {
+        /// The reference asked for.
+        data_ref: String,
+        /// When it was deleted, RFC 3339.
+        swept_at: String,
+    },
     /// Stored bytes do not hash to their name.
     #[error("{path}: artifact is corrupt: content hashes to {actual}")]
     Corrupt {
@@ -155,6 +167,8 @@ pub struct ArtifactStore {
     storage: Arc<dyn Storage>,
     root: PathBuf,
     temp_counter: AtomicU64,
+    /// Digests the sweeper deleted, with when (unix ms), so a read says why it is gone.
+    swept: Mutex<HashMap<String, u64>>,
 }
 
 impl fmt::Debug for ArtifactStore {
@@ -166,7 +180,28 @@ impl fmt::Debug for ArtifactStore {
 impl ArtifactStore {
     /// A store rooted at `root`; directories are created on first put.
     pub fn new(storage: Arc<dyn Storage>, root: impl Into<PathBuf>) -> Self {
-        Self { storage, root: root.into(), temp_counter: AtomicU64::new(0) }
+        Self { storage, root: root.into(), temp_counter: AtomicU64::new(0), swept: Mutex::default() }
+    }
+
+    /// The root directory (`<data dir>/artifacts`).
+    pub fn root(&self) -> &Path {
+        &self.root
+    }
+
+    fn swept_registry(&self) -> std::sync::MutexGuard<'_, HashMap<String, u64>> {
+        // The map is only ever inserted into or removed from: a panic elsewhere leaves it whole.
+        self.swept.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Records that the sweeper deleted the artifact with this digest at `at_ms`, so reading it
+    /// answers [`ArtifactError::Expired`] instead of "not found".
+    pub fn mark_swept(&self, digest_hex: &str, at_ms: u64) {
+        self.swept_registry().insert(digest_hex.to_owned(), at_ms);
+    }
+
+    /// When the artifact was swept, if it was (and not stored again since).
+    pub fn swept_at(&self, artifact: &ArtifactRef) -> Option<u64> {
+        self.swept_registry().get(artifact.digest_hex()).copied()
     }
 
     /// Where an artifact of `tenant` lives.
@@ -193,6 +228,7 @@ impl ArtifactStore {
         self.storage.sync_file(&tmp).map_err(io_error("fsync", &tmp))?;
         self.storage.rename(&tmp, &path).map_err(io_error("rename", &path))?;
         self.storage.sync_dir(&shard).map_err(io_error("fsync directory", &shard))?;
+        self.swept_registry().remove(artifact.digest_hex());
         Ok(artifact)
     }
 
@@ -224,6 +260,12 @@ impl ArtifactStore {
     pub fn get(&self, tenant: &str, artifact: &ArtifactRef) -> Result<Vec<u8>, ArtifactError> {
         let path = self.path_of(tenant, artifact)?;
         if !self.storage.exists(&path).map_err(io_error("stat", &path))? {
+            if let Some(at_ms) = self.swept_at(artifact) {
+                return Err(ArtifactError::Expired {
+                    data_ref: artifact.to_string(),
+                    swept_at: crate::compaction::rfc3339(at_ms),
+                });
+            }
             return Err(ArtifactError::NotFound { path });
         }
         let bytes = self.storage.read(&path).map_err(io_error("read", &path))?;

@@ -13,6 +13,7 @@ pub mod dedup;
 pub mod economics;
 pub mod entry;
 pub mod journal;
+pub mod lifecycle;
 pub mod prefix;
 pub mod purge;
 pub mod redaction;

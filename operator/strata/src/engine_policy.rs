@@ -80,6 +80,7 @@ pub fn session_settings(
         model_summarizer: policy.compaction.summarizer.model.is_some(),
         retain_generations: policy.compaction.retain_generations as usize,
         tokenizer: tokenizer_kind(tokenizer),
+        volume: policy.volume,
     })
 }
 

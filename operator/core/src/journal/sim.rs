@@ -363,6 +363,16 @@ impl Storage for SimStorage {
             .collect())
     }
 
+    fn file_len(&self, path: &Path) -> io::Result<Option<u64>> {
+        let mut state = self.lock();
+        state.alive()?;
+        if state.is_dir(path) {
+            return Ok(None);
+        }
+        let inode = state.file(path)?;
+        Ok(Some(state.inode_mut(inode)?.data.len() as u64))
+    }
+
     fn create_dir_all(&self, path: &Path) -> io::Result<()> {
         let mut state = self.lock();
         state.count(OpKind::CreateDir)?;

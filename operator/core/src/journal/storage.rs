@@ -34,6 +34,15 @@ pub trait Storage: Send + Sync {
     fn exists(&self, path: &Path) -> io::Result<bool>;
     /// Names of the entries of a directory, in no particular order.
     fn list_dir(&self, path: &Path) -> io::Result<Vec<String>>;
+    /// The size of a file in bytes; `None` for a directory. The default reads the whole file, so
+    /// implementations override it.
+    fn file_len(&self, path: &Path) -> io::Result<Option<u64>> {
+        match self.read(path) {
+            Ok(bytes) => Ok(Some(bytes.len() as u64)),
+            Err(error) if error.kind() == io::ErrorKind::IsADirectory => Ok(None),
+            Err(error) => Err(error),
+        }
+    }
     /// Creates a directory and any missing parents.
     fn create_dir_all(&self, path: &Path) -> io::Result<()>;
     /// Creates or truncates a file and writes `data` into it.
@@ -92,6 +101,11 @@ impl Storage for StdStorage {
             }
         }
         Ok(names)
+    }
+
+    fn file_len(&self, path: &Path) -> io::Result<Option<u64>> {
+        let meta = fs::metadata(path)?;
+        Ok((!meta.is_dir()).then_some(meta.len()))
     }
 
     fn create_dir_all(&self, path: &Path) -> io::Result<()> {

@@ -509,6 +509,21 @@ impl Journal {
         self.poison_on_error(result)
     }
 
+    /// Deletes the superseded generation `generation` (the artifact sweeper's age and byte limits);
+    /// the current generation is refused. Durable when it returns.
+    pub fn remove_superseded_generation(&mut self, generation: u64) -> Result<(), JournalError> {
+        self.check_poison()?;
+        if generation >= self.manifest.generation || !self.retained_generations()?.contains(&generation) {
+            return Err(JournalError::GenerationNotRetained {
+                path: self.layout.root().to_path_buf(),
+                generation,
+            });
+        }
+        let result = remove_generation(self.storage.as_ref(), &self.layout, generation)
+            .and_then(|()| sync_dir(self.storage.as_ref(), self.layout.root()));
+        self.poison_on_error(result)
+    }
+
     /// Superseded generations still on disk (with a manifest), ascending.
     pub fn retained_generations(&self) -> Result<Vec<u64>, JournalError> {
         let mut retained = Vec::new();

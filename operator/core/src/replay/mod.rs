@@ -11,6 +11,7 @@ pub mod simulate;
 pub mod synthetic;
 
 pub mod transcript;
+pub mod volume;
 
 pub use formats::{FormatError, InputFormat, parse_transcript};
 pub use policies::{PolicyKind, PolicySettings};

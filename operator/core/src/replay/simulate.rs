@@ -295,7 +295,7 @@ pub fn replay_session(
     Ok(SessionReport { name: transcript.name.clone(), calls: transcript.calls.len(), calibration, policies })
 }
 
-fn call_times(transcript: &Transcript) -> Vec<u64> {
+pub(crate) fn call_times(transcript: &Transcript) -> Vec<u64> {
     let mut last = 0;
     transcript
         .calls
@@ -475,7 +475,19 @@ pub fn replay_strata(
     transcript: &Transcript,
     options: &ReplayOptions,
     times: &[u64],
+    observe: impl FnMut(usize, Option<&UpstreamCall>),
+) -> Result<PolicyReport, ReplayError> {
+    replay_strata_with(transcript, options, times, observe, |_, _| Ok(()))
+}
+
+/// [`replay_strata`], calling `after_call` with the engine and the call's (simulated) time after
+/// every call, e.g. to run the volume sweeper on the replay's clock.
+pub(crate) fn replay_strata_with(
+    transcript: &Transcript,
+    options: &ReplayOptions,
+    times: &[u64],
     mut observe: impl FnMut(usize, Option<&UpstreamCall>),
+    mut after_call: impl FnMut(&mut SessionEngine, u64) -> Result<(), crate::session::EngineError>,
 ) -> Result<PolicyReport, ReplayError> {
     let fail = |call: usize, message: String| ReplayError::Engine {
         session: transcript.name.clone(),
@@ -513,6 +525,7 @@ pub fn replay_strata(
             TurnOutcome::Blocked(_) => {
                 observe(call, None);
                 report.blocked_calls += 1;
+                after_call(&mut engine, now).map_err(|e| fail(call, e.to_string()))?;
                 continue;
             }
         };
@@ -548,6 +561,7 @@ pub fn replay_strata(
         engine
             .remember_answer(admitted.chain_tail, &answer.visible_turn(is_memory_tool))
             .map_err(|e| fail(call, e.to_string()))?;
+        after_call(&mut engine, now).map_err(|e| fail(call, e.to_string()))?;
     }
     report.preservation = Some(preservation(transcript, &engine, &settings, &stored));
     report.final_view =

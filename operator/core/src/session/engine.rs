@@ -40,6 +40,7 @@ use super::render::tier1::Tier1Json;
 use super::render::{anthropic as render_anthropic, openai as render_openai};
 use super::settings::SessionSettings;
 use super::state::{CorruptState, StateDir};
+use super::sweep::{LIFECYCLE_FILE, Lifecycle, LifecycleLedger};
 use super::tool_schema::{is_memory_tool, memory_tools, to_api_shape};
 use super::transparent::{ChainHash, IndexError, Placement, TransparentIndex, chain};
 use super::turn::{Api, AssistantOutput, ChatRequest, Turn};
@@ -321,15 +322,17 @@ pub const LOWER_BUDGET_PERCENTS: &[u8] = &[75, 50, 25];
 
 /// One agent's context, and the only place that decides what the model sees.
 pub struct SessionEngine {
-    journal: Journal,
-    storage: Arc<dyn Storage>,
-    store: Arc<ArtifactStore>,
+    pub(super) journal: Journal,
+    pub(super) storage: Arc<dyn Storage>,
+    pub(super) store: Arc<ArtifactStore>,
     counter: TokenCounter,
     compiler: ContextCompiler,
     placement: BreakpointPlacement,
     api: Api,
     registry: ToolRegistry,
-    state: StateDir,
+    pub(super) state: StateDir,
+    /// The artifact sweeper's clocks and per-generation reference cache.
+    pub(super) lifecycle: Lifecycle,
     prefix_inputs: Option<[u8; 32]>,
     tier1: Tier1Json,
     transparent: TransparentIndex,
@@ -349,7 +352,7 @@ pub struct SessionEngine {
     warnings: Vec<String>,
     client_system: String,
     system_split: VolatileSplit,
-    tenant: String,
+    pub(super) tenant: String,
     /// State files found corrupt at open (started afresh).
     corrupt_state: Vec<CorruptState>,
     /// A compaction waiting for the host's model summariser.
@@ -457,6 +460,11 @@ impl SessionEngine {
         corrupt.extend(damaged);
         let (expired, damaged): (Option<HashSet<EntryId>>, _) = state.read(EXPIRED_FILE)?;
         corrupt.extend(damaged);
+        let (ledger, damaged): (LifecycleLedger, _) = state.read(LIFECYCLE_FILE)?;
+        corrupt.extend(damaged);
+        for (digest, at_ms) in &ledger.swept {
+            store.mark_swept(digest, *at_ms);
+        }
         let placeholder =
             StablePrefix::build(&StablePrefixSources::default(), &mut ToolRegistry::new(), &counter)?;
         let calls = journal.entries().iter().filter(|entry| entry.role == Role::Assistant).count() as u64;
@@ -470,6 +478,7 @@ impl SessionEngine {
             api: settings.api,
             registry: registry.unwrap_or_default(),
             state,
+            lifecycle: Lifecycle::new(ledger),
             prefix_inputs: None,
             tier1: Tier1Json::default(),
             transparent,

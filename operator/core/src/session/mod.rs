@@ -16,6 +16,7 @@ pub mod protocol;
 pub mod render;
 pub mod settings;
 mod state;
+pub mod sweep;
 pub mod tool_schema;
 pub mod transparent;
 pub mod turn;
@@ -28,4 +29,5 @@ pub use engine::{
 pub use inspect::{ContextEvent, EntryDetail};
 pub use settings::SessionSettings;
 pub use state::{CorruptState, StateDir};
+pub use sweep::{KindSweep, LifecycleLedger, SweepReport, volume_bytes};
 pub use turn::{Api, AssistantOutput, ChatRequest, Turn, Usage};

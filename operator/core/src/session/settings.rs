@@ -5,6 +5,7 @@ use crate::budget::BudgetPolicy;
 use crate::compaction::CompactionSettings;
 use crate::compiler::BreakpointPlacement;
 use crate::economics::CachePricing;
+use crate::lifecycle::VolumeRetention;
 use crate::prefix::StablePrefixSources;
 use crate::redaction::Redactor;
 use crate::retention::{Classifier, ExpiryPolicy};
@@ -56,6 +57,8 @@ pub struct SessionSettings {
     pub retain_generations: usize,
     /// The upstream model's tokenizer.
     pub tokenizer: TokenizerKind,
+    /// How long derived files on the volume are kept (the artifact sweeper).
+    pub volume: VolumeRetention,
 }
 
 impl SessionSettings {
@@ -81,6 +84,7 @@ impl SessionSettings {
             model_summarizer: false,
             retain_generations: 3,
             tokenizer: TokenizerKind::O200kBase,
+            volume: VolumeRetention::default(),
         }
     }
 

@@ -24,6 +24,9 @@ pub enum GatewayError {
     /// Unknown resource.
     #[error("{0}")]
     NotFound(String),
+    /// The resource existed but the volume retention policy deleted it.
+    #[error("{0}")]
+    Expired(String),
     /// The operation does not fit the context budget.
     #[error(
         "context budget exceeded: the new input needs {} tokens but only {} are available; purge or compact, then resume operation {}",
@@ -97,6 +100,7 @@ impl GatewayError {
             GatewayError::BadRequest(_) | GatewayError::Blocked(_) => StatusCode::BAD_REQUEST,
             GatewayError::PayloadTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
             GatewayError::NotFound(_) => StatusCode::NOT_FOUND,
+            GatewayError::Expired(_) => StatusCode::GONE,
             GatewayError::UpstreamTimeout { .. } => StatusCode::GATEWAY_TIMEOUT,
             GatewayError::UpstreamUnreachable { .. }
             | GatewayError::UpstreamProtocol(_)
@@ -114,6 +118,7 @@ impl GatewayError {
             GatewayError::BadRequest(_) => "invalid_request_error",
             GatewayError::PayloadTooLarge { .. } => "request_too_large",
             GatewayError::NotFound(_) => "not_found_error",
+            GatewayError::Expired(_) => "expired_by_retention_policy",
             GatewayError::Blocked(_) => "context_budget_exceeded",
             GatewayError::UpstreamTimeout { .. } => "upstream_timeout",
             GatewayError::UpstreamUnreachable { .. }

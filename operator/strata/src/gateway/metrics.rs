@@ -60,6 +60,12 @@ pub struct Metrics {
     pub upstream_calls: IntCounterVec,
     /// Bytes of blocked requests held for resume.
     pub held_request_bytes: IntGauge,
+    /// Files deleted by the artifact sweeper, by kind.
+    pub swept_files: IntCounterVec,
+    /// Bytes deleted by the artifact sweeper, by kind.
+    pub swept_bytes: IntCounterVec,
+    /// Sweeps that failed.
+    pub sweep_failures: IntCounter,
     /// Bytes used under the data directory.
     pub volume_bytes: IntGauge,
     /// State files found corrupt (and started afresh) when the data directory was opened.
@@ -209,6 +215,23 @@ impl Metrics {
                 &registry,
                 "strata_gateway_held_request_bytes",
                 "Bytes of blocked requests held for resume (bounded by --max-held-bytes)",
+            )?,
+            swept_files: counter_vec(
+                &registry,
+                "strata_gateway_swept_files_total",
+                "Files deleted by the artifact sweeper under the volume retention policy, by kind (artifact, generation, compaction_record)",
+                &["kind"],
+            )?,
+            swept_bytes: counter_vec(
+                &registry,
+                "strata_gateway_swept_bytes_total",
+                "Bytes deleted by the artifact sweeper under the volume retention policy, by kind",
+                &["kind"],
+            )?,
+            sweep_failures: counter(
+                &registry,
+                "strata_gateway_sweep_failures_total",
+                "Volume sweeps that failed (the next one retries)",
             )?,
             volume_bytes: gauge(
                 &registry,

@@ -19,6 +19,7 @@ mod server;
 mod sse;
 #[cfg(test)]
 mod stream_props;
+mod sweeper;
 mod upstream;
 mod volume;
 
@@ -208,6 +209,7 @@ pub async fn start_on(
         max_body_bytes: args.max_body_bytes,
         responses: response_cache::ResponseCache::default(),
         volume: Arc::new(volume::VolumeUsage::default()),
+        sweeps: sweeper::SweepLog::default(),
     });
     let api = bind(args.listen).await?;
     let metrics_listener = bind(args.metrics_listen).await?;
@@ -219,6 +221,7 @@ pub async fn start_on(
     let mut background = vec![
         tokio::spawn(config::watch(args.config.clone(), live)),
         tokio::spawn(proposals::watch(Arc::clone(&gateway))),
+        tokio::spawn(sweeper::run(Arc::clone(&gateway))),
         tokio::spawn(volume::measure(
             args.data_dir.clone(),
             Arc::clone(&gateway.volume),

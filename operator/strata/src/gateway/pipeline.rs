@@ -71,6 +71,8 @@ pub struct Gateway {
     pub volume: Arc<super::volume::VolumeUsage>,
     /// Compactions with the policy's summariser model, off the engine.
     pub compactor: Arc<super::compactor::Compactor>,
+    /// What the artifact sweeper deleted.
+    pub sweeps: super::sweeper::SweepLog,
 }
 
 impl Gateway {

@@ -40,14 +40,20 @@ impl ReportTarget {
     }
 }
 
+/// The counters a report carries beside the context status.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ReportedUsage {
+    /// Prompt tokens served from the provider cache, cumulative.
+    pub cached_tokens: u64,
+    /// Prompt tokens billed fresh, cumulative.
+    pub fresh_tokens: u64,
+    /// Bytes used on the data volume at the last measurement.
+    pub volume_bytes: u64,
+}
+
 /// The server-side apply body for `status.context`.
-pub fn status_patch(
-    agent: &str,
-    status: &ContextStatus,
-    cached_tokens: u64,
-    fresh_tokens: u64,
-    now_ms: u64,
-) -> Value {
+pub fn status_patch(agent: &str, status: &ContextStatus, usage: ReportedUsage, now_ms: u64) -> Value {
+    let ReportedUsage { cached_tokens, fresh_tokens, volume_bytes } = usage;
     json!({
         "apiVersion": "strata.dev/v1alpha1",
         "kind": "Agent",
@@ -60,6 +66,7 @@ pub fn status_patch(
             "level": status.level.to_string(),
             "cachedTokens": cached_tokens,
             "freshTokens": fresh_tokens,
+            "volumeBytes": volume_bytes,
             "updatedAt": rfc3339(now_ms),
         }}
     })
@@ -119,9 +126,12 @@ pub async fn run(gateway: Arc<Gateway>, target: ReportTarget) {
             continue;
         }
         schedule.attempted(now, status.level);
-        let cached = gateway.metrics.prompt_tokens.with_label_values(&["cached"]).get();
-        let fresh = gateway.metrics.prompt_tokens.with_label_values(&["fresh"]).get();
-        let patch = status_patch(&target.name, &status, cached, fresh, now_ms());
+        let usage = ReportedUsage {
+            cached_tokens: gateway.metrics.prompt_tokens.with_label_values(&["cached"]).get(),
+            fresh_tokens: gateway.metrics.prompt_tokens.with_label_values(&["fresh"]).get(),
+            volume_bytes: gateway.volume.bytes(),
+        };
+        let patch = status_patch(&target.name, &status, usage, now_ms());
         if let Err(error) = agents.patch_status(&target.name, &params, &Patch::Apply(&patch)).await {
             tracing::warn!(%error, agent = %target.name, "reporting status.context failed; retrying at the next interval");
         }
@@ -139,16 +149,18 @@ mod tests {
 
     #[test]
     fn the_patch_matches_the_agent_status_schema() {
-        let patch = status_patch("builder", &status(BudgetLevel::Warning, 87), 900, 100, 0);
+        let usage = ReportedUsage { cached_tokens: 900, fresh_tokens: 100, volume_bytes: 7 << 20 };
+        let patch = status_patch("builder", &status(BudgetLevel::Warning, 87), usage, 0);
         let context: strata_api::agent::ContextStatus =
             serde_json::from_value(patch["status"]["context"].clone()).unwrap();
         assert_eq!(context.tokens, 112_000);
         assert_eq!(context.percent, 87);
         assert_eq!(context.level, Some(strata_api::agent::ContextLevel::Warning));
         assert_eq!((context.cached_tokens, context.fresh_tokens), (900, 100));
+        assert_eq!(context.volume_bytes, Some(7 << 20), "the volume's bytes reach status.context");
         assert!(context.updated_at.is_some());
         assert_eq!(patch["metadata"]["name"], "builder");
-        let over = status_patch("builder", &status(BudgetLevel::Critical, 400), 0, 0, 0);
+        let over = status_patch("builder", &status(BudgetLevel::Critical, 400), ReportedUsage::default(), 0);
         assert_eq!(over["status"]["context"]["percent"], 255);
     }
 

@@ -32,6 +32,8 @@ pub fn router(gateway: Arc<Gateway>) -> Router {
         .route("/strata/v1/inspect", get(inspect))
         .route("/strata/v1/operations/{id}/resume", post(resume))
         .route("/strata/v1/compact", post(compact))
+        .route("/strata/v1/sweep", post(sweep))
+        .route("/strata/v1/artifacts/{data_ref}", get(artifact))
         .with_state(gateway)
 }
 
@@ -47,6 +49,7 @@ pub fn metrics_router(gateway: Arc<Gateway>) -> Router {
         .route("/strata/v1/inspect", get(inspect))
         .route("/strata/v1/entries", get(entries))
         .route("/strata/v1/entries/{id}", get(entry))
+        .route("/strata/v1/artifacts/{data_ref}", get(artifact))
         .route("/strata/v1/ui", get(inspector_page))
         .with_state(gateway)
 }
@@ -75,6 +78,53 @@ async fn entry(State(gateway): State<Arc<Gateway>>, Path(id): Path<String>) -> R
         ))
         .into_response_for(provider_api(&gateway)),
         Err(error) => error.into_response_for(provider_api(&gateway)),
+    }
+}
+
+/// `POST /strata/v1/sweep`: runs the artifact sweeper now and answers its report.
+async fn sweep(State(gateway): State<Arc<Gateway>>) -> Response {
+    match super::sweeper::sweep_now(&gateway).await {
+        Ok(report) => json_response(StatusCode::OK, &serde_json::to_value(&report).unwrap_or_default()),
+        Err(error) => error.into_response_for(provider_api(&gateway)),
+    }
+}
+
+/// `GET /strata/v1/artifacts/{data_ref}`: an artifact's bytes, exactly as stored; 410 when the
+/// volume retention policy swept it, 404 when it never existed.
+async fn artifact(State(gateway): State<Arc<Gateway>>, Path(data_ref): Path<String>) -> Response {
+    use strata_core::artifacts::{ArtifactError, ArtifactRef};
+    let api = provider_api(&gateway);
+    let parsed: ArtifactRef = match data_ref.parse() {
+        Ok(parsed) => parsed,
+        Err(error) => {
+            return GatewayError::BadRequest(format!(
+                "{error}: a data_ref looks like art:sha256:<64 hex digits>"
+            ))
+            .into_response_for(api);
+        }
+    };
+    let tenant = gateway.live.get().session.tenant.clone();
+    let read = gateway
+        .with_engine(move |engine| match engine.store().get(&tenant, &parsed) {
+            Ok(bytes) => Ok(Ok(bytes)),
+            Err(error @ (ArtifactError::Expired { .. } | ArtifactError::NotFound { .. })) => Ok(Err(error)),
+            Err(error) => Err(error.into()),
+        })
+        .await;
+    match read {
+        Ok(Ok(bytes)) => {
+            let mut response = (StatusCode::OK, bytes).into_response();
+            response
+                .headers_mut()
+                .insert(header::CONTENT_TYPE, HeaderValue::from_static("application/octet-stream"));
+            response
+        }
+        Ok(Err(error @ ArtifactError::Expired { .. })) => {
+            GatewayError::Expired(error.to_string()).into_response_for(api)
+        }
+        Ok(Err(_)) => GatewayError::NotFound(format!("no artifact {data_ref} on this agent's volume"))
+            .into_response_for(api),
+        Err(error) => error.into_response_for(api),
     }
 }
 
@@ -185,6 +235,8 @@ async fn status(State(gateway): State<Arc<Gateway>>) -> Response {
                 "budget": settings.session.budget,
                 "engineReloads": gateway.engine.reloads(),
                 "volumeBytes": gateway.volume.bytes(),
+                "volumeRetention": settings.session.volume,
+                "sweeper": gateway.sweeps.status(),
             }),
         ),
         Err(error) => error.into_response_for(provider_api(&gateway)),

@@ -38,20 +38,21 @@ fn render_table(agents: &[Agent]) -> String {
     let mut out = String::new();
     let _ = writeln!(
         out,
-        "{:<16} {:<20} {:<10} {:>8} {:<9} {:>7} {:>4} {:<24}",
-        "NAMESPACE", "AGENT", "PHASE", "CONTEXT", "LEVEL", "CACHED", "GEN", "LAST COMPACTION"
+        "{:<16} {:<20} {:<10} {:>8} {:<9} {:>7} {:>8} {:>4} {:<24}",
+        "NAMESPACE", "AGENT", "PHASE", "CONTEXT", "LEVEL", "CACHED", "VOLUME", "GEN", "LAST COMPACTION"
     );
     for agent in agents {
         let status = agent.status.clone().unwrap_or_default();
         let phase = status.phase.map_or("-".to_string(), |p| format!("{p:?}"));
-        let (context, level, cached) = match &status.context {
+        let (context, level, cached, volume) = match &status.context {
             Some(c) => {
                 let billed = c.cached_tokens + c.fresh_tokens;
                 let cached =
                     (c.cached_tokens * 100).checked_div(billed).map_or("-".into(), |p| format!("{p}%"));
-                (format!("{}%", c.percent), c.level.map_or("-".into(), |l| format!("{l:?}")), cached)
+                let level = c.level.map_or("-".into(), |l| format!("{l:?}"));
+                (format!("{}%", c.percent), level, cached, c.volume_bytes.map_or("-".into(), binary_size))
             }
-            None => ("-".into(), "-".into(), "-".into()),
+            None => ("-".into(), "-".into(), "-".into(), "-".into()),
         };
         let generation = status.journal.map_or("-".into(), |j| j.generation.to_string());
         let last = status
@@ -59,18 +60,34 @@ fn render_table(agents: &[Agent]) -> String {
             .map_or("-".into(), |c| format!("{} {}→{}", c.job_name, c.tokens_before, c.tokens_after));
         let _ = writeln!(
             out,
-            "{:<16} {:<20} {:<10} {:>8} {:<9} {:>7} {:>4} {:<24}",
+            "{:<16} {:<20} {:<10} {:>8} {:<9} {:>7} {:>8} {:>4} {:<24}",
             agent.metadata.namespace.as_deref().unwrap_or("-"),
             agent.metadata.name.as_deref().unwrap_or("-"),
             phase,
             context,
             level,
             cached,
+            volume,
             generation,
             last
         );
     }
     out
+}
+
+/// Bytes in the Kubernetes binary units a PVC is sized in (`812Mi`, `1.2Gi`).
+fn binary_size(bytes: u64) -> String {
+    const UNITS: [&str; 4] = ["Ki", "Mi", "Gi", "Ti"];
+    if bytes < 1024 {
+        return format!("{bytes}B");
+    }
+    let mut value = bytes as f64 / 1024.0;
+    let mut unit = 0;
+    while value >= 1024.0 && unit + 1 < UNITS.len() {
+        value /= 1024.0;
+        unit += 1;
+    }
+    if value < 10.0 { format!("{value:.1}{}", UNITS[unit]) } else { format!("{value:.0}{}", UNITS[unit]) }
 }
 
 /// Port the gateway serves its read-only introspection on, beside `/metrics`.
@@ -112,4 +129,17 @@ pub async fn inspect(client: &Client, namespace: &str, agent: &str) -> Result<St
         .and_then(|v| serde_json::to_string_pretty(&v).ok())
         .unwrap_or(text)
         + "\n")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn volume_sizes_read_like_pvc_sizes() {
+        assert_eq!(binary_size(512), "512B");
+        assert_eq!(binary_size(3 * 1024 * 1024 / 2), "1.5Mi");
+        assert_eq!(binary_size(812 * 1024 * 1024), "812Mi");
+        assert_eq!(binary_size(1024 * 1024 * 1024), "1.0Gi");
+    }
 }

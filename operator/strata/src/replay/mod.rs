@@ -59,6 +59,14 @@ pub struct ReplayArgs {
     /// Seed of the synthetic fleet.
     #[arg(long, default_value_t = 1, requires = "synthetic_fleet")]
     pub seed: u64,
+    /// Instead of pricing, measure the agent's volume: each session runs through the session
+    /// engine with the artifact sweeper on the session's clock under the policy's `volume`
+    /// retention, and the peak bytes are checked against `--volume-budget`.
+    #[arg(long)]
+    pub volume: bool,
+    /// The volume size the peaks must stay under (bytes), with `--volume`: a 1Gi PVC by default.
+    #[arg(long, default_value_t = 1 << 30, requires = "volume")]
+    pub volume_budget: u64,
 }
 
 /// The JSON report.
@@ -79,6 +87,60 @@ pub struct ReplayReport {
     pub sessions: Vec<SessionReport>,
 }
 
+/// `strata replay --volume`: the peak volume bytes of each session with the sweeper running;
+/// returns whether every session replayed and stayed under `budget`.
+fn volume_run(
+    transcripts: &[strata_core::replay::Transcript],
+    options: &ReplayOptions,
+    budget: u64,
+    mut errors: Vec<String>,
+) -> anyhow::Result<bool> {
+    use strata_core::replay::volume::replay_volume;
+    const MIB: f64 = 1024.0 * 1024.0;
+    println!(
+        "{:<28} {:>6} {:>6} {:>5} {:>10} {:>10} {:>7} {:>7} {:>10}",
+        "session", "calls", "hours", "cmp", "peak MiB", "final MiB", "sweeps", "swept", "swept MiB"
+    );
+    let mut peak = 0;
+    let mut over = 0;
+    for transcript in transcripts {
+        match replay_volume(transcript, options) {
+            Ok(replay) => {
+                println!(
+                    "{:<28} {:>6} {:>6.1} {:>5} {:>10.2} {:>10.2} {:>7} {:>7} {:>10.2}",
+                    replay.session,
+                    replay.calls,
+                    replay.simulated_ms as f64 / 3_600_000.0,
+                    replay.compactions,
+                    replay.peak_bytes as f64 / MIB,
+                    replay.final_bytes as f64 / MIB,
+                    replay.sweeps,
+                    replay.files_swept,
+                    replay.bytes_swept as f64 / MIB,
+                );
+                if replay.live_refs_unreadable > 0 {
+                    errors.push(format!(
+                        "{}: {} live data_refs no longer read back after the sweeps",
+                        replay.session, replay.live_refs_unreadable
+                    ));
+                }
+                over += u64::from(replay.peak_bytes >= budget);
+                peak = peak.max(replay.peak_bytes);
+            }
+            Err(error) => errors.push(error.to_string()),
+        }
+    }
+    println!(
+        "peak over the fleet: {:.2} MiB of a {:.0} MiB volume; {over} session(s) reached it",
+        peak as f64 / MIB,
+        budget as f64 / MIB
+    );
+    for error in &errors {
+        eprintln!("strata replay: {error}");
+    }
+    Ok(errors.is_empty() && over == 0)
+}
+
 /// Run `strata replay`; returns whether every input replayed.
 pub fn run(args: &ReplayArgs) -> anyhow::Result<bool> {
     let provider = if args.provider == "openai" { Provider::OpenAi } else { Provider::Anthropic };
@@ -93,6 +155,9 @@ pub fn run(args: &ReplayArgs) -> anyhow::Result<bool> {
     } else {
         inputs::load_all(&args.paths, format, &mut errors)
     };
+    if args.volume {
+        return volume_run(&transcripts, &options, args.volume_budget, errors);
+    }
     let mut sessions = Vec::with_capacity(transcripts.len());
     for transcript in &transcripts {
         match replay_session(transcript, &options, &counter) {
