@@ -5,6 +5,7 @@
 //! apply → status → orphans, each step its own module.
 
 pub mod agent;
+pub mod agent_pods;
 pub mod child_index;
 pub mod client;
 pub mod compaction;
@@ -17,6 +18,7 @@ pub mod leader;
 pub mod metrics;
 pub mod policy;
 pub mod prefix_cache;
+pub mod referenced_config_maps;
 pub mod runner;
 pub mod server;
 pub mod tenant_key;
@@ -56,8 +58,8 @@ pub struct ControllerArgs {
     /// Name of the leader Lease.
     #[arg(long, default_value = "strata-controller-leader")]
     pub lease_name: String,
-    /// Reconciles running at once, per controller.
-    #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u16).range(1..=64))]
+    /// Reconciles running at once, per controller (reconciles wait on the apiserver, not the CPU).
+    #[arg(long, default_value_t = 16, value_parser = clap::value_parser!(u16).range(1..=64))]
     pub concurrency: u16,
     /// Image of the gateway sidecar.
     #[arg(long, default_value = DEFAULT_IMAGE)]
