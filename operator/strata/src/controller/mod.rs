@@ -70,8 +70,8 @@ pub struct ControllerArgs {
     /// The operator's namespace (master key Secret, Lease); defaults to $POD_NAMESPACE, then strata-system.
     #[arg(long)]
     pub operator_namespace: Option<String>,
-    /// Every Agent is reconciled at least this often, in seconds (picks up edits of the ConfigMaps
-    /// it references, which are not watched). A settled Agent's resync makes no writes.
+    /// Every Agent is reconciled at least this often, in seconds (a safety net: everything an
+    /// Agent depends on is watched). A settled Agent's resync makes no request at all.
     #[arg(long, default_value_t = 300, value_parser = clap::value_parser!(u64).range(10..=86_400))]
     pub resync_seconds: u64,
     /// Log format.

@@ -279,3 +279,61 @@ pub async fn run_controllers<S>(
 
     futures::join!(agents, context_policies, cluster_policies, compactions);
 }
+
+#[cfg(test)]
+mod tests {
+    use strata_api::agent::{AgentPhase, AgentStatus, ContextStatus};
+
+    use super::*;
+
+    fn builder() -> Agent {
+        let mut agent: Agent = serde_json::from_value(serde_json::json!({
+            "apiVersion": "strata.dev/v1alpha1", "kind": "Agent",
+            "metadata": {"name": "builder", "namespace": "ns", "uid": "u", "generation": 1},
+            "spec": {"model": {"provider": "OpenAI", "name": "gpt", "contextWindow": 128000,
+                               "credentialsSecretRef": {"name": "k", "key": "k"}},
+                     "runtime": {"image": "i"}}
+        }))
+        .unwrap_or_else(|error| panic!("{error}"));
+        agent.status = Some(AgentStatus::default());
+        agent
+    }
+
+    #[test]
+    fn the_controllers_own_status_write_does_not_wake_the_agent_but_context_use_and_spec_do() {
+        let before = agent_fingerprint(&builder());
+        let mut own_write = builder();
+        if let Some(status) = own_write.status.as_mut() {
+            status.phase = Some(AgentPhase::Running);
+            status.observed_generation = Some(1);
+        }
+        assert_eq!(agent_fingerprint(&own_write), before);
+
+        let mut context = builder();
+        if let Some(status) = context.status.as_mut() {
+            status.context = Some(ContextStatus { percent: 91, ..ContextStatus::default() });
+        }
+        assert_ne!(agent_fingerprint(&context), before, "the budget trigger reads context use");
+
+        let mut edited = builder();
+        edited.metadata.generation = Some(2);
+        assert_ne!(agent_fingerprint(&edited), before);
+    }
+
+    #[test]
+    fn the_cached_agent_drops_managed_fields_and_the_last_applied_copy() {
+        let mut agent = builder();
+        agent.metadata.annotations = Some(
+            [
+                ("kubectl.kubernetes.io/last-applied-configuration".to_string(), "{...}".to_string()),
+                ("strata.dev/adopt-journal-from-uid".to_string(), "old".to_string()),
+            ]
+            .into(),
+        );
+        agent.metadata.managed_fields = Some(vec![Default::default()]);
+        trim_agent(&mut agent);
+        assert!(agent.metadata.managed_fields.is_none());
+        let annotations = agent.metadata.annotations.unwrap_or_default();
+        assert_eq!(annotations.keys().collect::<Vec<_>>(), ["strata.dev/adopt-journal-from-uid"]);
+    }
+}
