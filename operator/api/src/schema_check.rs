@@ -2,6 +2,9 @@
 //! openAPIV3Schema first, then its CEL `x-kubernetes-validations` rules (through kube's CEL engine).
 //!
 //! Used by the sample tests, and usable by tools that want to reject a manifest before applying it.
+//! Structural errors are worded as the apiserver words them (`Unsupported value: …`, `Invalid
+//! value: …: … in body should match …`, `strict decoding error: unknown field …`), so a user sees
+//! one message whether the check ran here or in the cluster.
 
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::core::cel::Validator;
@@ -110,7 +113,7 @@ fn check_node(schema: &Value, value: &Value, path: &str, root: bool, violations:
         && !options.contains(value)
     {
         let names: Vec<String> = options.iter().map(|o| o.to_string()).collect();
-        push(violations, path, format!("unsupported value {value}: must be one of {}", names.join(", ")));
+        push(violations, path, format!("Unsupported value: {value}: supported values: {}", names.join(", ")));
     }
     check_limits(schema, value, path, violations);
     match value {
@@ -138,7 +141,10 @@ fn check_node(schema: &Value, value: &Value, path: &str, root: bool, violations:
                         check_node(child_schema, child, &child_path, false, violations);
                     }
                     (None, None) if preserve_unknown => {}
-                    (None, None) => push(violations, &child_path, "unknown field".into()),
+                    // The apiserver's strict field validation names the whole path in its message.
+                    (None, None) => {
+                        push(violations, "", format!("strict decoding error: unknown field {:?}", child_path))
+                    }
                 }
             }
         }
@@ -185,16 +191,17 @@ fn is_dns_subdomain(name: &str) -> bool {
 
 fn check_limits(schema: &Value, value: &Value, path: &str, violations: &mut Vec<Violation>) {
     let limit = |key: &str| schema.get(key).and_then(Value::as_f64);
+    let invalid = |rule: String| format!("Invalid value: {value}: {path} in body {rule}");
     if let Some(number) = value.as_f64() {
         if let Some(min) = limit("minimum")
             && number < min
         {
-            push(violations, path, format!("must be at least {min}, got {number}"));
+            push(violations, path, invalid(format!("should be greater than or equal to {}", go_number(min))));
         }
         if let Some(max) = limit("maximum")
             && number > max
         {
-            push(violations, path, format!("must be at most {max}, got {number}"));
+            push(violations, path, invalid(format!("should be less than or equal to {}", go_number(max))));
         }
     }
     if let Some(text) = value.as_str() {
@@ -212,7 +219,7 @@ fn check_limits(schema: &Value, value: &Value, path: &str, violations: &mut Vec<
         if let Some(pattern) = schema.get("pattern").and_then(Value::as_str) {
             match regex::Regex::new(pattern) {
                 Ok(re) if re.is_match(text) => {}
-                Ok(_) => push(violations, path, format!("{text:?} does not match the pattern {pattern}")),
+                Ok(_) => push(violations, path, invalid(format!("should match '{pattern}'"))),
                 Err(e) => push(violations, path, format!("schema pattern {pattern} is invalid: {e}")),
             }
         }
@@ -234,6 +241,15 @@ fn check_limits(schema: &Value, value: &Value, path: &str, violations: &mut Vec<
         && map.len() as f64 > max
     {
         push(violations, path, format!("must have at most {max} properties"));
+    }
+}
+
+/// A schema bound as the apiserver prints it (`100`, not `100.0`).
+fn go_number(number: f64) -> String {
+    if number.fract() == 0.0 && number.abs() < 1e15 {
+        format!("{}", number as i64)
+    } else {
+        number.to_string()
     }
 }
 

@@ -13,7 +13,7 @@ use k8s_openapi::jiff::Timestamp;
 use serde_json::{Value, json};
 use strata::controller::agent::{ReconcileReport, reconcile_agent};
 use strata::controller::child_index::{ChildKind, Ownership};
-use strata::controller::context::Context;
+use strata::controller::context::{Caches, Context};
 use strata::controller::error::Error;
 use strata_api::agent::{AgentStatus, ContextStatus};
 use strata_api::compaction_job::{CompactionJobSpec, CompactionMode};
@@ -58,7 +58,6 @@ async fn first_pass_applies_every_child_then_writes_status() {
         [
             "/api/v1/namespaces/rateright/configmaps/builder-prompt",
             "/api/v1/namespaces/rateright/configmaps/fleet-tools",
-            "/api/v1/namespaces/rateright/pods/builder-0",
         ]
     );
     let writes = server.writes();
@@ -106,7 +105,7 @@ async fn first_pass_applies_every_child_then_writes_status() {
 }
 
 #[tokio::test]
-async fn a_second_pass_with_nothing_changed_makes_zero_writes() {
+async fn a_second_pass_with_nothing_changed_makes_no_request_at_all() {
     let (client, server) = FakeApiServer::start(Box::new(|_| None));
     let ctx = context(client, fleet_caches(Vec::new(), true));
     let mut builder = agent("builder");
@@ -117,18 +116,73 @@ async fn a_second_pass_with_nothing_changed_makes_zero_writes() {
     let report = run(&builder, &ctx).await.unwrap();
     assert_eq!(report.writes(), 0, "{report:?}");
     assert!(server.writes().is_empty(), "{:?}", server.writes());
-    assert_eq!(server.requests().len(), 3, "two ConfigMap reads and the pod read only");
+    assert!(
+        server.requests().is_empty(),
+        "the pod and the ConfigMaps' unchanged versions come from caches: {:?}",
+        server.requests()
+    );
+}
+
+#[tokio::test]
+async fn an_edited_config_map_is_read_again_and_a_deleted_one_is_missing_without_a_read() {
+    static EDITED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+    let (client, server) = FakeApiServer::start(Box::new(|seen| {
+        let edited = EDITED.load(std::sync::atomic::Ordering::SeqCst);
+        (edited && seen.path.ends_with("/configmaps/builder-prompt")).then(|| {
+            let mut map = config_maps()
+                .into_iter()
+                .find(|m| m.metadata.name.as_deref() == Some("builder-prompt"))
+                .unwrap();
+            map.metadata.resource_version = Some("2".into());
+            map.data = Some([("system.md".to_string(), "You are builder, edited.".to_string())].into());
+            (200, serde_json::to_value(map).unwrap())
+        })
+    }));
+    let caches = fleet_caches(Vec::new(), true);
+    let ctx = context(client.clone(), caches.clone());
+    let mut builder = agent("builder");
+    run(&builder, &ctx).await.unwrap();
+    builder.status = Some(status_from(&server));
+    let first_prefix = builder.status.as_ref().and_then(|s| s.prefix.clone()).unwrap();
+
+    // The watch shows the edit: the prompt is read once more and the prefix follows it.
+    EDITED.store(true, std::sync::atomic::Ordering::SeqCst);
+    let mut metas = config_map_metas();
+    metas.iter_mut().filter(|m| m.metadata.name.as_deref() == Some("builder-prompt")).for_each(|m| {
+        m.metadata.resource_version = Some("2".into());
+    });
+    let ctx = context_sharing_memo(
+        client.clone(),
+        Caches { config_maps: filled_store(metas), ..caches.clone() },
+        &ctx,
+    );
+    server.clear();
+    run(&builder, &ctx).await.unwrap();
+    let reads: Vec<String> =
+        server.requests().into_iter().filter(|r| !r.is_write()).map(|r| r.path).collect();
+    assert_eq!(reads, ["/api/v1/namespaces/rateright/configmaps/builder-prompt"]);
+    assert_ne!(status_from(&server).prefix.unwrap().hash, first_prefix.hash);
+
+    // The watch shows it deleted: reported missing with no read.
+    let metas: Vec<_> = config_map_metas()
+        .into_iter()
+        .filter(|m| m.metadata.name.as_deref() != Some("builder-prompt"))
+        .collect();
+    let ctx = context_sharing_memo(client, Caches { config_maps: filled_store(metas), ..caches }, &ctx);
+    server.clear();
+    run(&builder, &ctx).await.unwrap();
+    assert!(server.requests().iter().all(|r| r.is_write()), "{:?}", server.requests());
+    let references =
+        status_from(&server).conditions.into_iter().find(|c| c.type_ == "ReferencesResolved").unwrap();
+    assert_eq!((references.status.as_str(), references.reason.as_str()), ("False", "ConfigMapNotFound"));
 }
 
 #[tokio::test]
 async fn a_missing_config_map_sets_a_condition_and_leaves_running_children_alone() {
     let (client, server) = FakeApiServer::start(Box::new(|seen| {
-        if seen.path.ends_with("/configmaps/builder-prompt") {
-            return Some((404, status_body(404, "NotFound")));
-        }
-        seen.path.ends_with("/pods/builder-0").then(|| (200, running_pod("Running")))
+        seen.path.ends_with("/configmaps/builder-prompt").then(|| (404, status_body(404, "NotFound")))
     }));
-    let caches = fleet_caches(Vec::new(), true);
+    let caches = with_pod(fleet_caches(Vec::new(), true), running_pod("Running"));
     for kind in ChildKind::ALL {
         let name = if kind == ChildKind::ConfigMap { "builder-gateway" } else { "builder" };
         caches.children.record(kind, NAMESPACE, "builder", name, Some("hash-of-the-running-children".into()));
@@ -228,20 +282,17 @@ async fn children_not_built_this_round_are_deleted_only_when_the_agent_controls_
 
 #[tokio::test]
 async fn a_missing_credentials_secret_is_reported_from_the_pods_mount_failures() {
-    let (client, server) = FakeApiServer::start(Box::new(|seen| {
-        if seen.path.ends_with("/pods/builder-0") {
-            return Some((200, running_pod("Pending")));
-        }
-        seen.path.ends_with("/events").then(|| {
-            assert!(seen.query.contains("reason%3DFailedMount") || seen.query.contains("reason=FailedMount"), "{}", seen.query);
-            (200, json!({"apiVersion": "v1", "kind": "EventList", "metadata": {}, "items": [{
-                "metadata": {"name": "e1", "namespace": NAMESPACE},
-                "involvedObject": {"kind": "Pod", "name": "builder-0"},
-                "reason": "FailedMount",
-                "message": "MountVolume.SetUp failed for volume \"credentials\" : secret \"anthropic-api\" not found"}]}))
-        })
-    }));
-    let ctx = context(client, fleet_caches(Vec::new(), true));
+    let (client, server) = FakeApiServer::start(Box::new(|_| None));
+    let caches = with_pod(fleet_caches(Vec::new(), true), running_pod("Pending"));
+    let caches = with_mount_failures(
+        caches,
+        vec![json!({
+        "metadata": {"name": "e1", "namespace": NAMESPACE},
+        "involvedObject": {"kind": "Pod", "name": "builder-0", "namespace": NAMESPACE},
+        "reason": "FailedMount",
+        "message": "MountVolume.SetUp failed for volume \"credentials\" : secret \"anthropic-api\" not found"})],
+    );
+    let ctx = context(client, caches);
     let report = run(&agent("builder"), &ctx).await.unwrap();
     assert_eq!(report.applied, 7, "children are still applied: the pod starts once the Secret exists");
     let status = status_from(&server);
@@ -406,18 +457,15 @@ async fn nothing_is_applied_into_a_namespace_the_cache_shows_deleting() {
 #[tokio::test]
 async fn a_journal_refused_by_the_gateway_is_a_condition_and_a_warning_event() {
     let refusal = "strata: data dir /var/lib/strata: the journal in /var/lib/strata belongs to Agent rateright/builder (uid old), not to this Agent (uid new): refusing to serve another agent's history. Delete the claim to start empty, or adopt the journal on purpose by annotating the Agent strata.dev/adopt-journal-from-uid=old";
-    let (client, server) = FakeApiServer::start(Box::new(move |seen| {
-        seen.path.ends_with("/pods/builder-0").then(|| {
-            (200, json!({"apiVersion": "v1", "kind": "Pod",
-                "metadata": {"name": "builder-0", "namespace": NAMESPACE},
-                "spec": {"containers": []},
-                "status": {"phase": "Running", "containerStatuses": [{
-                    "name": "gateway", "image": "x", "imageID": "", "ready": false, "restartCount": 4,
-                    "state": {"waiting": {"reason": "CrashLoopBackOff"}},
-                    "lastState": {"terminated": {"exitCode": 1, "reason": "Error", "message": format!("{refusal}\n")}}}]}}))
-        })
-    }));
-    let ctx = context(client, fleet_caches(Vec::new(), true));
+    let (client, server) = FakeApiServer::start(Box::new(|_| None));
+    let pod = json!({"apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": "builder-0", "namespace": NAMESPACE, "labels": {"strata.dev/agent": "builder"}},
+        "spec": {"containers": []},
+        "status": {"phase": "Running", "containerStatuses": [{
+            "name": "gateway", "image": "x", "imageID": "", "ready": false, "restartCount": 4,
+            "state": {"waiting": {"reason": "CrashLoopBackOff"}},
+            "lastState": {"terminated": {"exitCode": 1, "reason": "Error", "message": format!("{refusal}\n")}}}]}});
+    let ctx = context(client, with_pod(fleet_caches(Vec::new(), true), pod));
     run(&agent("builder"), &ctx).await.unwrap();
     let status = status_from(&server);
     assert_eq!(status.phase, Some(strata_api::agent::AgentPhase::Degraded));

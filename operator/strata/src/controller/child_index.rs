@@ -131,7 +131,8 @@ pub struct ObservedChild {
     pub controller_uid: Option<String>,
 }
 
-type AgentKey = (String, String);
+/// An Agent as (namespace, name).
+pub type AgentKey = (String, String);
 type ChildKey = (ChildKind, String);
 /// One child from a relist: its agent, name, spec hash and ownership.
 type Listed = (AgentKey, String, Option<String>, Ownership);
@@ -284,50 +285,83 @@ impl ChildIndex {
         self.len() == 0
     }
 
-    /// Apply one metadata watch event of `kind`.
-    pub fn apply_event<K: Resource>(&self, kind: ChildKind, event: &watcher::Event<PartialObjectMeta<K>>) {
+    /// Apply one metadata watch event of `kind`. Returns the Agents, as (namespace, name), the event
+    /// shows something to act on: a child deleted, or one that is new to the index, changed its spec
+    /// hash or drifted (or stopped drifting); after a relist, every Agent whose children of this kind
+    /// differ from before it. Events that change nothing the controller owns (a status update, a
+    /// label someone added) wake no one.
+    pub fn apply_event<K: Resource>(
+        &self,
+        kind: ChildKind,
+        event: &watcher::Event<PartialObjectMeta<K>>,
+    ) -> Vec<AgentKey> {
         match event {
             watcher::Event::Init => {
                 self.write().relisting.insert(kind, Vec::new());
+                Vec::new()
             }
             watcher::Event::InitApply(object) => {
                 if let Some((agent, name, hash)) = identify(object) {
                     let seen = Ownership::of(&object.metadata);
                     self.write().relisting.entry(kind).or_default().push((agent, name, hash, seen));
                 }
+                Vec::new()
             }
-            watcher::Event::InitDone => {
-                let mut state = self.write();
-                let listed = state.relisting.remove(&kind).unwrap_or_default();
-                let mut previous: HashMap<(AgentKey, String), Option<u64>> = HashMap::new();
-                for (agent, children) in &mut state.by_agent {
-                    children.retain(|(child_kind, name), child| {
-                        if *child_kind == kind {
-                            previous.insert((agent.clone(), name.clone()), child.applied_fields);
-                        }
-                        *child_kind != kind
-                    });
-                }
-                state.by_agent.retain(|_, children| !children.is_empty());
-                for (agent, name, spec_hash, seen) in listed {
-                    let applied_fields = previous.get(&(agent.clone(), name.clone())).copied().flatten();
-                    let child = ChildState { spec_hash, seen, applied_fields };
-                    state.by_agent.entry(agent).or_default().insert((kind, name), child);
-                }
-                state.synced.insert(kind);
-            }
+            watcher::Event::InitDone => self.finish_relist(kind),
             watcher::Event::Apply(object) => {
-                if let Some(((namespace, agent), name, hash)) = identify(object) {
-                    self.observe(kind, &namespace, &agent, &name, hash, Ownership::of(&object.metadata));
-                }
+                let Some((agent, name, spec_hash)) = identify(object) else { return Vec::new() };
+                let mut state = self.write();
+                let before =
+                    state.by_agent.get(&agent).and_then(|c| c.get(&(kind, name.clone()))).map(summary);
+                let child = state.child_mut(kind, &agent.0, &agent.1, &name);
+                child.spec_hash = spec_hash;
+                child.seen = Ownership::of(&object.metadata);
+                let after = summary(child);
+                if before.as_ref() == Some(&after) { Vec::new() } else { vec![agent] }
             }
             watcher::Event::Delete(object) => {
-                if let Some(((namespace, agent), name, _)) = identify(object) {
-                    self.forget(kind, &namespace, &agent, &name);
-                }
+                let Some(((namespace, agent), name, _)) = identify(object) else { return Vec::new() };
+                self.forget(kind, &namespace, &agent, &name);
+                vec![(namespace, agent)]
             }
         }
     }
+
+    /// Replace the children of `kind` with the relisted ones; on a relist (not the first list),
+    /// the Agents whose children of `kind` changed.
+    fn finish_relist(&self, kind: ChildKind) -> Vec<AgentKey> {
+        let mut state = self.write();
+        let first_list = !state.synced.contains(&kind);
+        let listed = state.relisting.remove(&kind).unwrap_or_default();
+        let mut previous: HashMap<(AgentKey, String), ChildState> = HashMap::new();
+        for (agent, children) in &mut state.by_agent {
+            children.retain(|(child_kind, name), child| {
+                if *child_kind == kind {
+                    previous.insert((agent.clone(), name.clone()), child.clone());
+                }
+                *child_kind != kind
+            });
+        }
+        state.by_agent.retain(|_, children| !children.is_empty());
+        let mut changed: HashSet<AgentKey> = HashSet::new();
+        for (agent, name, spec_hash, seen) in listed {
+            let before = previous.remove(&(agent.clone(), name.clone()));
+            let applied_fields = before.as_ref().and_then(|child| child.applied_fields);
+            let child = ChildState { spec_hash, seen, applied_fields };
+            if before.as_ref().map(summary) != Some(summary(&child)) {
+                changed.insert(agent.clone());
+            }
+            state.by_agent.entry(agent).or_default().insert((kind, name), child);
+        }
+        changed.extend(previous.into_keys().map(|(agent, _)| agent));
+        state.synced.insert(kind);
+        if first_list { Vec::new() } else { changed.into_iter().collect() }
+    }
+}
+
+/// What of a child decides whether the controller must look at it again.
+fn summary(child: &ChildState) -> (Option<String>, bool) {
+    (child.spec_hash.clone(), child.drifted())
 }
 
 fn identify<K: Resource>(object: &PartialObjectMeta<K>) -> Option<(AgentKey, String, Option<String>)> {
@@ -426,5 +460,55 @@ mod tests {
             Ownership::of(&managed(&[(FIELD_MANAGER, "Apply", "f:spec"), ("kubectl", "Update", "f:x")]));
         index.observe(ChildKind::Role, "ns", "a", "a", Some("h".into()), touched);
         assert!(index.children_of("ns", "a")[0].drifted);
+    }
+
+    #[test]
+    fn only_events_that_matter_wake_the_agent() {
+        let index = ChildIndex::new();
+        let agent = ("ns".to_string(), "a".to_string());
+        index.apply_event::<ConfigMap>(ChildKind::ConfigMap, &watcher::Event::Init);
+        index.apply_event(ChildKind::ConfigMap, &watcher::Event::InitApply(meta("a-gateway", "a", "h1")));
+        let first = index.apply_event::<ConfigMap>(ChildKind::ConfigMap, &watcher::Event::InitDone);
+        assert!(first.is_empty(), "the first list wakes no one: every Agent is reconciled at start");
+
+        let applied = Ownership::of(&managed(&[(FIELD_MANAGER, "Apply", "f:data")]));
+        index.record_applied(ChildKind::ConfigMap, "ns", "a", "a-gateway", Some("h1".into()), applied);
+        let mut same = meta("a-gateway", "a", "h1");
+        same.metadata.managed_fields = managed(&[(FIELD_MANAGER, "Apply", "f:data")]).managed_fields;
+        assert!(index.apply_event(ChildKind::ConfigMap, &watcher::Event::Apply(same.clone())).is_empty());
+
+        let mut labelled = same.clone();
+        labelled.metadata.managed_fields =
+            managed(&[(FIELD_MANAGER, "Apply", "f:data"), ("kubectl", "Update", "f:metadata")])
+                .managed_fields;
+        assert!(
+            index.apply_event(ChildKind::ConfigMap, &watcher::Event::Apply(labelled)).is_empty(),
+            "a field Strata does not set changes nothing it owns"
+        );
+
+        let mut edited = same.clone();
+        edited.metadata.managed_fields =
+            managed(&[(FIELD_MANAGER, "Apply", "f:other"), ("kubectl-edit", "Update", "f:data")])
+                .managed_fields;
+        assert_eq!(
+            index.apply_event(ChildKind::ConfigMap, &watcher::Event::Apply(edited)),
+            vec![agent.clone()]
+        );
+
+        let rehashed = meta("a-gateway", "a", "h2");
+        assert_eq!(
+            index.apply_event(ChildKind::ConfigMap, &watcher::Event::Apply(rehashed)),
+            vec![agent.clone()]
+        );
+        assert_eq!(
+            index.apply_event(ChildKind::ConfigMap, &watcher::Event::Delete(same)),
+            vec![agent.clone()]
+        );
+
+        // A relist after a lost watch wakes the Agents whose children changed meanwhile.
+        index.apply_event::<ConfigMap>(ChildKind::ConfigMap, &watcher::Event::Init);
+        index.apply_event(ChildKind::ConfigMap, &watcher::Event::InitApply(meta("b-gateway", "b", "h")));
+        let relisted = index.apply_event::<ConfigMap>(ChildKind::ConfigMap, &watcher::Event::InitDone);
+        assert_eq!(relisted, [("ns".to_string(), "b".to_string())]);
     }
 }

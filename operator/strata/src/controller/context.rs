@@ -3,7 +3,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use k8s_openapi::api::core::v1::Namespace;
+use k8s_openapi::api::core::v1::{ConfigMap, Event as CoreEvent, Namespace, Pod};
 use k8s_openapi::jiff::Timestamp;
 use kube::Client;
 use kube::core::PartialObjectMeta;
@@ -17,6 +17,7 @@ use crate::controller::compaction::turn::AgentLocks;
 use crate::controller::error::{Error, Result};
 use crate::controller::metrics::Metrics;
 use crate::controller::prefix_cache::PrefixCache;
+use crate::controller::referenced_config_maps::ConfigMapData;
 
 /// Field manager of every server-side apply the controller makes.
 pub const FIELD_MANAGER: &str = "strata.dev/controller";
@@ -51,7 +52,8 @@ impl Settings {
     }
 }
 
-/// Reflector caches of small, non-secret objects, plus the metadata index of children.
+/// Reflector caches of small, non-secret objects (trimmed to what reconciles read), plus the
+/// metadata index of children.
 #[derive(Clone)]
 pub struct Caches {
     /// Every Agent.
@@ -66,6 +68,12 @@ pub struct Caches {
     pub compaction_jobs: Store<CompactionJob>,
     /// Children by Agent, from metadata-only watches.
     pub children: ChildIndex,
+    /// Agent pods, trimmed to phase, readiness, node and the gateway's termination messages.
+    pub pods: Store<Pod>,
+    /// FailedMount events of pods, trimmed to the pod and the message.
+    pub mount_failures: Store<CoreEvent>,
+    /// Names and resourceVersions of the ConfigMaps Strata does not manage.
+    pub config_maps: Store<PartialObjectMeta<ConfigMap>>,
 }
 
 impl Caches {
@@ -77,6 +85,9 @@ impl Caches {
         ready(&self.cluster_policies, wait, "ClusterContextPolicy").await?;
         ready(&self.namespaces, wait, "Namespace").await?;
         ready(&self.compaction_jobs, wait, "CompactionJob").await?;
+        ready(&self.pods, wait, "Pod").await?;
+        ready(&self.mount_failures, wait, "Event").await?;
+        ready(&self.config_maps, wait, "ConfigMap").await?;
         if !self.children.is_synced() {
             return Err(Error::CacheNotReady("children"));
         }
@@ -123,6 +134,8 @@ pub struct Context {
     pub clock: Clock,
     /// Per-agent locks: one compaction Job per agent at a time.
     pub compaction_turns: AgentLocks,
+    /// Data of referenced ConfigMaps, one read per version.
+    pub config_map_data: ConfigMapData,
 }
 
 impl Context {
@@ -147,6 +160,7 @@ impl Context {
             metrics,
             clock,
             compaction_turns: AgentLocks::default(),
+            config_map_data: ConfigMapData::default(),
         }
     }
 

@@ -5,6 +5,7 @@
 //! apply → status → orphans, each step its own module.
 
 pub mod agent;
+pub mod agent_pods;
 pub mod child_index;
 pub mod client;
 pub mod compaction;
@@ -17,6 +18,7 @@ pub mod leader;
 pub mod metrics;
 pub mod policy;
 pub mod prefix_cache;
+pub mod referenced_config_maps;
 pub mod runner;
 pub mod server;
 pub mod tenant_key;
@@ -56,8 +58,8 @@ pub struct ControllerArgs {
     /// Name of the leader Lease.
     #[arg(long, default_value = "strata-controller-leader")]
     pub lease_name: String,
-    /// Reconciles running at once, per controller.
-    #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u16).range(1..=64))]
+    /// Reconciles running at once, per controller (reconciles wait on the apiserver, not the CPU).
+    #[arg(long, default_value_t = 16, value_parser = clap::value_parser!(u16).range(1..=64))]
     pub concurrency: u16,
     /// Image of the gateway sidecar.
     #[arg(long, default_value = DEFAULT_IMAGE)]
@@ -68,8 +70,8 @@ pub struct ControllerArgs {
     /// The operator's namespace (master key Secret, Lease); defaults to $POD_NAMESPACE, then strata-system.
     #[arg(long)]
     pub operator_namespace: Option<String>,
-    /// Every Agent is reconciled at least this often, in seconds (picks up edits of the ConfigMaps
-    /// it references, which are not watched). A settled Agent's resync makes no writes.
+    /// Every Agent is reconciled at least this often, in seconds (a safety net: everything an
+    /// Agent depends on is watched). A settled Agent's resync makes no request at all.
     #[arg(long, default_value_t = 300, value_parser = clap::value_parser!(u64).range(10..=86_400))]
     pub resync_seconds: u64,
     /// Log format.

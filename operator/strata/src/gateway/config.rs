@@ -1,4 +1,5 @@
-//! gateway.json loading, the settings derived from it, and polling hot reload of the file.
+//! gateway.json loading, the settings derived from it, polling hot reload of the file, and the
+//! last good config kept on the volume so a bad hand edit never stops the gateway.
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -8,9 +9,10 @@ use std::time::{Duration, SystemTime};
 use strata_api::agent::Provider;
 use strata_api::gateway_config::{GatewayConfig, GatewayConfigError};
 use strata_core::budget::BudgetError;
+use strata_core::journal::Storage;
 use strata_core::redaction::PatternError;
 use strata_core::retention::RetentionRuleError;
-use strata_core::session::SessionSettings;
+use strata_core::session::{SessionSettings, StateDir};
 
 use crate::engine_policy::{self, PolicyError};
 
@@ -143,9 +145,19 @@ impl Settings {
 
     /// Reads, parses and derives the settings of the file at `path`.
     pub fn load(path: &Path) -> Result<Self, ConfigError> {
+        Self::load_with_bytes(path).map(|(settings, _)| settings)
+    }
+
+    /// [`Settings::load`], also returning the file's bytes.
+    pub fn load_with_bytes(path: &Path) -> Result<(Self, Vec<u8>), ConfigError> {
         let bytes =
             std::fs::read(path).map_err(|cause| ConfigError::Read { path: path.to_owned(), cause })?;
-        let config = GatewayConfig::from_json(&bytes)
+        Ok((Self::from_bytes(&bytes, path)?, bytes))
+    }
+
+    /// Parses and derives the settings of gateway.json's bytes (`path` names them in errors).
+    pub fn from_bytes(bytes: &[u8], path: &Path) -> Result<Self, ConfigError> {
+        let config = GatewayConfig::from_json(bytes)
             .map_err(|cause| ConfigError::Parse { path: path.to_owned(), cause })?;
         Self::from_config(config, path)
     }
@@ -156,16 +168,53 @@ impl Settings {
     }
 }
 
-/// The current settings, replaced atomically on reload.
+/// Which config is in force while gateway.json on disk cannot be used.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "camelCase")]
+pub enum InForce {
+    /// The last good config saved on the volume (the file was unusable at start).
+    LastGood,
+    /// The config loaded before the file was changed.
+    Previous,
+}
+
+/// gateway.json on disk cannot be used: why, and what is in force instead.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ConfigProblem {
+    /// The file's error.
+    pub error: String,
+    /// The config serving meanwhile.
+    pub in_force: InForce,
+}
+
+/// The current settings, replaced atomically on reload, and what is wrong with the file if anything.
 #[derive(Debug, Clone)]
 pub struct LiveSettings {
     current: Arc<RwLock<Arc<Settings>>>,
+    problem: Arc<RwLock<Option<ConfigProblem>>>,
 }
 
 impl LiveSettings {
     /// Starts with `settings`.
     pub fn new(settings: Settings) -> Self {
-        Self { current: Arc::new(RwLock::new(Arc::new(settings))) }
+        Self { current: Arc::new(RwLock::new(Arc::new(settings))), problem: Arc::default() }
+    }
+
+    /// What is wrong with gateway.json on disk, while an older config serves.
+    pub fn problem(&self) -> Option<ConfigProblem> {
+        match self.problem.read() {
+            Ok(guard) => guard.clone(),
+            Err(poisoned) => poisoned.into_inner().clone(),
+        }
+    }
+
+    /// Records (or clears) what is wrong with gateway.json on disk.
+    pub fn set_problem(&self, problem: Option<ConfigProblem>) {
+        match self.problem.write() {
+            Ok(mut guard) => *guard = problem,
+            Err(poisoned) => *poisoned.into_inner() = problem,
+        }
     }
 
     /// The settings in force now.
@@ -186,13 +235,153 @@ impl LiveSettings {
     }
 }
 
+/// Name of the copy of the last usable gateway.json, in the gateway's state directory.
+pub const LAST_GOOD_FILE: &str = "last-good-config.json";
+
+/// The copy of the last usable gateway.json on the agent's volume (`gateway/last-good-config.json`
+/// in the data directory), replaced durably whenever a changed file loads.
+#[derive(Clone)]
+pub struct LastGood {
+    storage: Arc<dyn Storage>,
+    dir: PathBuf,
+}
+
+impl std::fmt::Debug for LastGood {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LastGood").field("path", &self.path()).finish()
+    }
+}
+
+impl LastGood {
+    /// The copy under `data_dir` on `storage`.
+    pub fn new(storage: Arc<dyn Storage>, data_dir: &Path) -> Self {
+        LastGood { storage, dir: data_dir.join("gateway") }
+    }
+
+    /// Where the copy lives.
+    pub fn path(&self) -> PathBuf {
+        self.dir.join(LAST_GOOD_FILE)
+    }
+
+    fn state(&self) -> Result<StateDir, String> {
+        StateDir::on_disk(Arc::clone(&self.storage), self.dir.clone()).map_err(|error| error.to_string())
+    }
+
+    fn saved(&self) -> Option<serde_json::Value> {
+        let state = self.state().ok()?;
+        match state.read::<Option<serde_json::Value>>(LAST_GOOD_FILE) {
+            Ok((saved, None)) => saved,
+            Ok((_, Some(corrupt))) => {
+                tracing::warn!(path = %corrupt.path.display(), reason = %corrupt.reason, "the saved last good gateway config is corrupt; ignoring it");
+                None
+            }
+            Err(error) => {
+                tracing::warn!(%error, "reading the saved last good gateway config failed");
+                None
+            }
+        }
+    }
+
+    /// Save `bytes` (a gateway.json that loaded) unless the copy already holds them. A failure is
+    /// logged: it costs only the fallback of a later bad start.
+    pub fn save(&self, bytes: &[u8]) {
+        let Ok(value) = serde_json::from_slice::<serde_json::Value>(bytes) else { return };
+        if self.saved().as_ref() == Some(&value) {
+            return;
+        }
+        let written = self
+            .state()
+            .and_then(|state| state.write(LAST_GOOD_FILE, &value).map_err(|error| error.to_string()));
+        if let Err(error) = written {
+            tracing::warn!(%error, path = %self.path().display(), "saving the last good gateway config failed; a bad gateway.json at the next start will leave the gateway not ready");
+        }
+    }
+
+    /// The settings of the saved copy, if there is one and it still loads.
+    pub fn load(&self) -> Option<Settings> {
+        let value = self.saved()?;
+        let bytes = serde_json::to_vec(&value).ok()?;
+        match Settings::from_bytes(&bytes, &self.path()) {
+            Ok(settings) => Some(settings),
+            Err(error) => {
+                tracing::warn!(%error, "the saved last good gateway config cannot be used either");
+                None
+            }
+        }
+    }
+}
+
+/// How gateway.json looked at start.
+pub enum Startup {
+    /// The file loads.
+    Usable {
+        /// Its settings.
+        settings: Settings,
+        /// Its bytes, saved as the last good copy once the gateway runs.
+        bytes: Vec<u8>,
+    },
+    /// The file cannot be used; the last good copy saved on the volume serves.
+    LastGood {
+        /// The copy's settings.
+        settings: Settings,
+        /// The file's error.
+        error: ConfigError,
+    },
+    /// The file cannot be used and there is no usable copy: the gateway waits for the file.
+    Unusable(ConfigError),
+}
+
+impl Startup {
+    /// Load gateway.json at `path`, falling back to `last_good`. Every failure is logged with
+    /// the file, the problem and what to do.
+    pub fn load(path: &Path, last_good: &LastGood) -> Startup {
+        let error = match Settings::load_with_bytes(path) {
+            Ok((settings, bytes)) => return Startup::Usable { settings, bytes },
+            Err(error) => error,
+        };
+        match last_good.load() {
+            Some(settings) => {
+                tracing::error!(
+                    %error,
+                    last_good = %last_good.path().display(),
+                    "gateway config {} cannot be used; serving with the last good config saved on the volume. Fix the file (the operator rewrites it from the Agent and its policies); the gateway loads it within a second, without a restart",
+                    path.display()
+                );
+                Startup::LastGood { settings, error }
+            }
+            None => {
+                tracing::error!(
+                    %error,
+                    "gateway config {} cannot be used and no last good config is saved on the volume; the gateway stays up but not ready (/readyz answers 503 with this error) until the file is fixed, which it picks up within a second, without a restart",
+                    path.display()
+                );
+                Startup::Unusable(error)
+            }
+        }
+    }
+}
+
 fn modified(path: &Path) -> Option<SystemTime> {
     std::fs::metadata(path).and_then(|meta| meta.modified()).ok()
 }
 
-/// Polls `path` and swaps in the new settings whenever the file changes and parses; an invalid file
-/// is logged and the previous settings stay in force.
-pub async fn watch(path: PathBuf, live: LiveSettings) {
+/// What a config reload reports to: the live settings, the saved last good copy and the metrics.
+#[derive(Clone, Debug)]
+pub struct ReloadTargets {
+    /// The settings in force.
+    pub live: LiveSettings,
+    /// The copy of the last usable file.
+    pub last_good: LastGood,
+    /// `strata_gateway_config_rejected`.
+    pub rejected: prometheus::IntGauge,
+    /// `strata_gateway_config_from_last_good`.
+    pub from_last_good: prometheus::IntGauge,
+}
+
+/// Polls `path` and swaps in the new settings whenever the file changes and loads (saving it as
+/// the last good copy); an unusable file is logged, reported in the status and metrics, and the
+/// config in force stays.
+pub async fn watch(path: PathBuf, targets: ReloadTargets) {
     let mut last_seen = modified(&path);
     let mut last_bytes = std::fs::read(&path).ok();
     let mut ticker = tokio::time::interval(RELOAD_POLL_INTERVAL);
@@ -208,13 +397,23 @@ pub async fn watch(path: PathBuf, live: LiveSettings) {
             continue;
         }
         last_bytes = bytes;
-        match Settings::load(&path) {
-            Ok(settings) => {
+        match Settings::load_with_bytes(&path) {
+            Ok((settings, bytes)) => {
                 tracing::info!(path = %path.display(), "gateway config reloaded");
-                live.replace(settings);
+                targets.live.replace(settings);
+                targets.live.set_problem(None);
+                targets.rejected.set(0);
+                targets.from_last_good.set(0);
+                targets.last_good.save(&bytes);
             }
             Err(error) => {
-                tracing::error!(%error, "gateway config change rejected; the previous config stays in force");
+                let in_force = match targets.live.problem() {
+                    Some(ConfigProblem { in_force: InForce::LastGood, .. }) => InForce::LastGood,
+                    _ => InForce::Previous,
+                };
+                tracing::error!(%error, "gateway config change rejected; the config in force stays. Fix the file; it is loaded within a second of the next change");
+                targets.live.set_problem(Some(ConfigProblem { error: error.to_string(), in_force }));
+                targets.rejected.set(1);
             }
         }
     }

@@ -70,6 +70,10 @@ pub struct Metrics {
     pub volume_bytes: IntGauge,
     /// State files found corrupt (and started afresh) when the data directory was opened.
     pub corrupt_state_files: IntCounter,
+    /// 1 while gateway.json on disk cannot be used (an older config, or none, is in force).
+    pub config_rejected: IntGauge,
+    /// 1 while the last good config saved on the volume is in force (gateway.json was unusable at start).
+    pub config_from_last_good: IntGauge,
     /// Time the gateway adds to a request (excluding upstream time), seconds.
     pub added_overhead: Histogram,
     /// Time spent waiting for the upstream, seconds.
@@ -232,6 +236,16 @@ impl Metrics {
                 &registry,
                 "strata_gateway_sweep_failures_total",
                 "Volume sweeps that failed (the next one retries)",
+            )?,
+            config_rejected: gauge(
+                &registry,
+                "strata_gateway_config_rejected",
+                "1 while gateway.json on disk cannot be used and an older config (or none) is in force",
+            )?,
+            config_from_last_good: gauge(
+                &registry,
+                "strata_gateway_config_from_last_good",
+                "1 while the last good config saved on the volume is in force because gateway.json was unusable at start",
             )?,
             volume_bytes: gauge(
                 &registry,

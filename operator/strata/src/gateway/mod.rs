@@ -20,12 +20,13 @@ mod sse;
 #[cfg(test)]
 mod stream_props;
 mod sweeper;
+mod unconfigured;
 mod upstream;
 mod volume;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use tokio::net::TcpListener;
@@ -43,7 +44,8 @@ pub const DEFAULT_MAX_BODY_BYTES: usize = 32 * 1024 * 1024;
 #[derive(Debug, Clone, clap::Args)]
 pub struct GatewayArgs {
     /// gateway.json: upstream, model, effective policy, stable-prefix sources and cache key.
-    /// Changes to the file are applied without a restart.
+    /// Changes to the file are applied without a restart. An unusable file never stops the
+    /// gateway: it serves with the last good config saved on the volume, or waits, not ready.
     #[arg(long)]
     pub config: PathBuf,
     /// The agent's data directory: journal, artifacts and gateway state.
@@ -122,18 +124,33 @@ pub struct RunningGateway {
     pub metrics_address: SocketAddr,
     shutdown: watch::Sender<bool>,
     tasks: Vec<JoinHandle<()>>,
-    background: Vec<JoinHandle<()>>,
+    background: Background,
+    failed: tokio::sync::mpsc::Receiver<StartError>,
 }
+
+/// Background tasks, some started only once a usable config appears.
+type Background = Arc<Mutex<Vec<JoinHandle<()>>>>;
 
 impl RunningGateway {
     /// Stops accepting requests, waits for the servers to finish and releases the data directory.
     pub async fn shutdown(self) {
         let _ = self.shutdown.send(true);
-        for task in &self.background {
+        let background: Vec<JoinHandle<()>> =
+            std::mem::take(&mut *self.background.lock().unwrap_or_else(PoisonError::into_inner));
+        for task in &background {
             task.abort();
         }
-        for task in self.tasks.into_iter().chain(self.background) {
+        for task in self.tasks.into_iter().chain(background) {
             let _ = task.await;
+        }
+    }
+
+    /// Resolves when a gateway that started without a usable config cannot start once the file is
+    /// fixed (its data directory is refused): the process should exit with this error.
+    pub async fn failed(&mut self) -> StartError {
+        match self.failed.recv().await {
+            Some(error) => error,
+            None => std::future::pending().await,
         }
     }
 }
@@ -153,7 +170,8 @@ fn serve(listener: TcpListener, router: axum::Router, mut stop: watch::Receiver<
     })
 }
 
-/// Loads the config, binds the journal to the config's Agent UID (refusing another Agent's journal),
+/// Loads the config (falling back to the last good copy on the volume, or waiting not ready for a
+/// usable file), binds the journal to the config's Agent UID (refusing another Agent's journal),
 /// opens the data directory (refusing a locked or corrupt one with the journal's error), binds both
 /// listeners and starts serving.
 pub async fn start(args: &GatewayArgs) -> Result<RunningGateway, StartError> {
@@ -165,23 +183,103 @@ pub async fn start_on(
     args: &GatewayArgs,
     storage: Arc<dyn strata_core::journal::Storage>,
 ) -> Result<RunningGateway, StartError> {
-    let settings = config::Settings::load(&args.config)?;
+    let metrics = metrics::Metrics::new()?;
+    let last_good = config::LastGood::new(Arc::clone(&storage), &args.data_dir);
+    let startup = config::Startup::load(&args.config, &last_good);
+    let (shutdown, stop) = watch::channel(false);
+    let background: Background = Arc::default();
+    let (report_failure, failed) = tokio::sync::mpsc::channel(1);
+    let (api_switch, metrics_switch) = match startup {
+        config::Startup::Usable { settings, bytes } => {
+            let gateway = assemble(args, &storage, settings, metrics, None).map_err(|error| *error)?;
+            last_good.save(&bytes);
+            let switches = (
+                unconfigured::Switch::new(server::router(Arc::clone(&gateway))),
+                unconfigured::Switch::new(server::metrics_router(Arc::clone(&gateway))),
+            );
+            spawn_background(args, &gateway, last_good, &background);
+            switches
+        }
+        config::Startup::LastGood { settings, error } => {
+            metrics.config_rejected.set(1);
+            metrics.config_from_last_good.set(1);
+            let problem =
+                config::ConfigProblem { error: error.to_string(), in_force: config::InForce::LastGood };
+            let gateway =
+                assemble(args, &storage, settings, metrics, Some(problem)).map_err(|error| *error)?;
+            let switches = (
+                unconfigured::Switch::new(server::router(Arc::clone(&gateway))),
+                unconfigured::Switch::new(server::metrics_router(Arc::clone(&gateway))),
+            );
+            spawn_background(args, &gateway, last_good, &background);
+            switches
+        }
+        config::Startup::Unusable(error) => {
+            let waiting = unconfigured::Waiting::new(&args.config, &error, metrics.clone());
+            let switches = (
+                unconfigured::Switch::new(unconfigured::api_router(waiting.clone())),
+                unconfigured::Switch::new(unconfigured::metrics_router(waiting.clone())),
+            );
+            let (api, metrics_port) = (switches.0.clone(), switches.1.clone());
+            let (args, storage, tasks) = (args.clone(), Arc::clone(&storage), Arc::clone(&background));
+            let wait = tokio::spawn(async move {
+                let (settings, bytes) = waiting.until_usable().await;
+                match assemble(&args, &storage, settings, metrics, None) {
+                    Ok(gateway) => {
+                        last_good.save(&bytes);
+                        api.replace(server::router(Arc::clone(&gateway)));
+                        metrics_port.replace(server::metrics_router(Arc::clone(&gateway)));
+                        spawn_background(&args, &gateway, last_good, &tasks);
+                        tracing::info!("strata gateway ready");
+                    }
+                    Err(error) => {
+                        tracing::error!(%error, "the gateway config is usable now, but the gateway cannot start");
+                        let _ = report_failure.send(*error).await;
+                    }
+                }
+            });
+            background.lock().unwrap_or_else(PoisonError::into_inner).push(wait);
+            switches
+        }
+    };
+    let api = bind(args.listen).await?;
+    let metrics_listener = bind(args.metrics_listen).await?;
+    let address = api.local_addr().map_err(|cause| StartError::Bind { address: args.listen, cause })?;
+    let metrics_address = metrics_listener
+        .local_addr()
+        .map_err(|cause| StartError::Bind { address: args.metrics_listen, cause })?;
+    let tasks = vec![
+        serve(api, api_switch.router(), stop.clone()),
+        serve(metrics_listener, metrics_switch.router(), stop),
+    ];
+    tracing::info!(%address, %metrics_address, "strata gateway listening");
+    Ok(RunningGateway { address, metrics_address, shutdown, tasks, background, failed })
+}
+
+/// Bind the journal, open the data directory and build the gateway around `settings` (the error
+/// is boxed: it is large and this is not a hot path).
+fn assemble(
+    args: &GatewayArgs,
+    storage: &Arc<dyn strata_core::journal::Storage>,
+    settings: config::Settings,
+    metrics: metrics::Metrics,
+    problem: Option<config::ConfigProblem>,
+) -> Result<Arc<pipeline::Gateway>, Box<StartError>> {
     bind_journal(&settings.config.agent, &args.data_dir)
-        .map_err(|cause| StartError::JournalOwner { path: args.data_dir.clone(), cause })?;
+        .map_err(|cause| Box::new(StartError::JournalOwner { path: args.data_dir.clone(), cause }))?;
     let engine = strata_core::session::SessionEngine::open_on(
-        Arc::clone(&storage),
+        Arc::clone(storage),
         &args.data_dir,
         &settings.session,
         strata_core::session::now_ms(),
     )
-    .map_err(|cause| StartError::DataDir { path: args.data_dir.clone(), cause })?;
+    .map_err(|cause| Box::new(StartError::DataDir { path: args.data_dir.clone(), cause }))?;
     if let Some((path, bytes)) = engine.torn_record() {
         tracing::warn!(path = %path.display(), bytes, "journal: truncated a torn final record");
     }
     let held_state =
-        strata_core::session::StateDir::on_disk(Arc::clone(&storage), args.data_dir.join("gateway"))
-            .map_err(|cause| StartError::DataDir { path: args.data_dir.clone(), cause })?;
-    let metrics = metrics::Metrics::new()?;
+        strata_core::session::StateDir::on_disk(Arc::clone(storage), args.data_dir.join("gateway"))
+            .map_err(|cause| Box::new(StartError::DataDir { path: args.data_dir.clone(), cause }))?;
     for corrupt in engine.corrupt_state() {
         tracing::warn!(path = %corrupt.path.display(), reason = %corrupt.reason, "{corrupt}");
         metrics.corrupt_state_files.inc();
@@ -189,19 +287,22 @@ pub async fn start_on(
     let upstream = upstream::Upstream::new(
         Duration::from_secs(u64::from(settings.config.upstream.timeout_seconds)),
         args.max_upstream_response_bytes,
-    )?;
+    )
+    .map_err(|error| Box::new(StartError::from(error)))?;
     let live = config::LiveSettings::new(settings);
-    let engine = Arc::new(engine_host::EngineHost::new(engine, storage, &args.data_dir));
+    live.set_problem(problem);
+    let engine = Arc::new(engine_host::EngineHost::new(engine, Arc::clone(storage), &args.data_dir));
     let compactor = Arc::new(compactor::Compactor::new(
         Arc::clone(&engine),
         live.clone(),
         metrics.clone(),
         args.summarizer_api_key_file.clone(),
     ));
-    let gateway = Arc::new(pipeline::Gateway {
-        live: live.clone(),
+    Ok(Arc::new(pipeline::Gateway {
+        live,
         engine,
         compactor,
+        sweeps: sweeper::SweepLog::default(),
         upstream,
         metrics,
         pending: pending::PendingOperations::new(args.max_held_bytes, held_state),
@@ -209,19 +310,27 @@ pub async fn start_on(
         max_body_bytes: args.max_body_bytes,
         responses: response_cache::ResponseCache::default(),
         volume: Arc::new(volume::VolumeUsage::default()),
-        sweeps: sweeper::SweepLog::default(),
-    });
-    let api = bind(args.listen).await?;
-    let metrics_listener = bind(args.metrics_listen).await?;
-    let address = api.local_addr().map_err(|cause| StartError::Bind { address: args.listen, cause })?;
-    let metrics_address = metrics_listener
-        .local_addr()
-        .map_err(|cause| StartError::Bind { address: args.metrics_listen, cause })?;
-    let (shutdown, stop) = watch::channel(false);
-    let mut background = vec![
-        tokio::spawn(config::watch(args.config.clone(), live)),
-        tokio::spawn(proposals::watch(Arc::clone(&gateway))),
-        tokio::spawn(sweeper::run(Arc::clone(&gateway))),
+    }))
+}
+
+/// Start the config watch, the proposal watch, the artifact sweeper, volume measurement and the
+/// status reporter.
+fn spawn_background(
+    args: &GatewayArgs,
+    gateway: &Arc<pipeline::Gateway>,
+    last_good: config::LastGood,
+    background: &Background,
+) {
+    let targets = config::ReloadTargets {
+        live: gateway.live.clone(),
+        last_good,
+        rejected: gateway.metrics.config_rejected.clone(),
+        from_last_good: gateway.metrics.config_from_last_good.clone(),
+    };
+    let mut tasks = vec![
+        tokio::spawn(config::watch(args.config.clone(), targets)),
+        tokio::spawn(proposals::watch(Arc::clone(gateway))),
+        tokio::spawn(sweeper::run(Arc::clone(gateway))),
         tokio::spawn(volume::measure(
             args.data_dir.clone(),
             Arc::clone(&gateway.volume),
@@ -230,14 +339,9 @@ pub async fn start_on(
     ];
     if let Some(target) = reporter::ReportTarget::from_env() {
         tracing::info!(agent = %target.name, namespace = %target.namespace, "reporting status.context to the Agent");
-        background.push(tokio::spawn(reporter::run(Arc::clone(&gateway), target)));
+        tasks.push(tokio::spawn(reporter::run(Arc::clone(gateway), target)));
     }
-    let tasks = vec![
-        serve(api, server::router(Arc::clone(&gateway)), stop.clone()),
-        serve(metrics_listener, server::metrics_router(gateway), stop),
-    ];
-    tracing::info!(%address, %metrics_address, "strata gateway listening");
-    Ok(RunningGateway { address, metrics_address, shutdown, tasks, background })
+    background.lock().unwrap_or_else(PoisonError::into_inner).extend(tasks);
 }
 
 /// Bind the journal in `data_dir` to the Agent of `gateway.json` (when the operator named its UID).
@@ -273,8 +377,14 @@ pub fn run(args: &GatewayArgs) -> anyhow::Result<()> {
     crate::logging::init(args.log);
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
     runtime.block_on(async {
-        let running = start(args).await?;
-        wait_for_signal().await;
+        let mut running = start(args).await?;
+        tokio::select! {
+            () = wait_for_signal() => {}
+            error = running.failed() => {
+                running.shutdown().await;
+                return Err(error.into());
+            }
+        }
         tracing::info!("stopping: finishing open requests");
         running.shutdown().await;
         Ok(())

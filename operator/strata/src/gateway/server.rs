@@ -234,6 +234,10 @@ async fn status(State(gateway): State<Arc<Gateway>>) -> Response {
                 "sessionMode": settings.config.session_mode,
                 "budget": settings.session.budget,
                 "engineReloads": gateway.engine.reloads(),
+                "config": match gateway.live.problem() {
+                    None => json!({"inForce": "file"}),
+                    Some(problem) => json!({"inForce": problem.in_force, "error": problem.error}),
+                },
                 "volumeBytes": gateway.volume.bytes(),
                 "volumeRetention": settings.session.volume,
                 "sweeper": gateway.sweeps.status(),

@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
 use http::{Request, Response, StatusCode};
-use k8s_openapi::api::core::v1::{ConfigMap, Namespace};
+use k8s_openapi::api::core::v1::{ConfigMap, Event as CoreEvent, Namespace, Pod};
 use k8s_openapi::jiff::Timestamp;
 use kube::Client;
 use kube::client::Body;
@@ -88,8 +88,27 @@ fn reference_docs() -> Vec<Value> {
     documents(&golden_dir().join("fleet-references.yaml"))
 }
 
+/// The referenced ConfigMaps, each at resourceVersion 1.
 pub fn config_maps() -> Vec<ConfigMap> {
-    of_kind(&reference_docs(), "ConfigMap")
+    of_kind::<ConfigMap>(&reference_docs(), "ConfigMap")
+        .into_iter()
+        .map(|mut map| {
+            map.metadata.resource_version = Some("1".into());
+            map
+        })
+        .collect()
+}
+
+/// The referenced ConfigMaps as the metadata watch caches them.
+pub fn config_map_metas() -> Vec<PartialObjectMeta<ConfigMap>> {
+    config_maps()
+        .into_iter()
+        .map(|map| PartialObjectMeta {
+            types: None,
+            metadata: map.metadata,
+            _phantom: std::marker::PhantomData,
+        })
+        .collect()
 }
 
 pub fn namespace_meta() -> PartialObjectMeta<Namespace> {
@@ -181,7 +200,32 @@ pub fn fleet_caches(compaction_jobs: Vec<CompactionJob>, context_policies_presen
         namespaces: filled_store(vec![namespace_meta()]),
         compaction_jobs: filled_store(compaction_jobs),
         children: ChildIndex::new_synced(),
+        pods: filled_store(Vec::new()),
+        mount_failures: filled_store(Vec::new()),
+        config_maps: filled_store(config_map_metas()),
     }
+}
+
+/// `caches` with the pod cache holding exactly `pod` (as JSON), trimmed as the watch trims it.
+pub fn with_pod(mut caches: Caches, pod: Value) -> Caches {
+    let mut pod: Pod = serde_json::from_value(pod).unwrap();
+    strata::controller::agent_pods::trim_pod(&mut pod);
+    caches.pods = filled_store(vec![pod]);
+    caches
+}
+
+/// `caches` with the FailedMount event cache holding exactly `events` (as JSON).
+pub fn with_mount_failures(mut caches: Caches, events: Vec<Value>) -> Caches {
+    let events: Vec<CoreEvent> = events
+        .into_iter()
+        .map(|event| {
+            let mut event: CoreEvent = serde_json::from_value(event).unwrap();
+            strata::controller::agent_pods::trim_event(&mut event);
+            event
+        })
+        .collect();
+    caches.mount_failures = filled_store(events);
+    caches
 }
 
 /// One request the fake apiserver saw.
@@ -302,4 +346,18 @@ pub fn context(client: Client, caches: Caches) -> Arc<Context> {
         Arc::new(Metrics::new().unwrap()),
         Arc::new(fixed_now),
     ))
+}
+
+/// A context over new `caches` that shares `previous`'s memo of ConfigMap data.
+pub fn context_sharing_memo(client: Client, caches: Caches, previous: &Context) -> Arc<Context> {
+    let mut ctx = Context::new(
+        client,
+        settings(),
+        caches,
+        Arc::new(master_key()),
+        Arc::new(Metrics::new().unwrap()),
+        Arc::new(fixed_now),
+    );
+    ctx.config_map_data = previous.config_map_data.clone();
+    Arc::new(ctx)
 }

@@ -1,16 +1,16 @@
-//! Step 1 of the Agent pipeline (IO): fetch everything the Agent refers to. Policies and namespaces
-//! come from caches; ConfigMaps and the agent pod are targeted gets; Secret existence is learned
-//! from the pod's mount failures, so the operator never reads tenant Secrets.
+//! Step 1 of the Agent pipeline (IO): fetch everything the Agent refers to. Policies, namespaces,
+//! the agent pod and its mount failures come from caches; a referenced ConfigMap is read only when
+//! its watched version changed; Secret existence is learned from the pod's mount failures, so the
+//! operator never reads tenant Secrets.
 
 use std::collections::BTreeMap;
 
-use k8s_openapi::api::core::v1::{ConfigMap, Event as CoreEvent, Namespace, Pod};
-use kube::Api;
-use kube::api::ListParams;
+use k8s_openapi::api::core::v1::Namespace;
 use kube::core::PartialObjectMeta;
 use kube::runtime::reflector::ObjectRef;
 use strata_api::{Agent, ClusterContextPolicy, ContextPolicy};
 
+use crate::controller::agent_pods::cached_observation;
 use crate::controller::context::Context;
 use crate::controller::error::{Error, Result, name_of, namespace_of};
 use crate::controller::labels::ANNOTATION_CACHE_EPOCH;
@@ -108,24 +108,20 @@ pub async fn dereference(agent: &Agent, ctx: &Context) -> Result<AgentInputs> {
     let cluster_policies = ctx.caches.cluster_policies.state().iter().map(|p| (**p).clone()).collect();
     let context_policy = context_policy(ctx, agent, &namespace);
 
-    let config_maps: Api<ConfigMap> = Api::namespaced(ctx.client.clone(), &namespace);
-    let mut fetched_maps: BTreeMap<String, Option<ConfigMap>> = BTreeMap::new();
     let prefix = agent.spec.stable_prefix.as_ref();
     let system_prompt = match prefix.and_then(|p| p.system_prompt.as_ref()) {
         None => None,
         Some(source) => match (&source.inline, &source.config_map_key_ref) {
             (Some(text), _) => Some(Fetched::Text(text.clone())),
-            (None, Some(key_ref)) => {
-                Some(read_key(&config_maps, &mut fetched_maps, &key_ref.name, &key_ref.key).await?)
-            }
+            (None, Some(key_ref)) => Some(read_key(ctx, &namespace, &key_ref.name, &key_ref.key).await?),
             (None, None) => None,
         },
     };
     let tools = match prefix.and_then(|p| p.tools.as_ref()) {
         None => None,
-        Some(key_ref) => Some(read_key(&config_maps, &mut fetched_maps, &key_ref.name, &key_ref.key).await?),
+        Some(key_ref) => Some(read_key(ctx, &namespace, &key_ref.name, &key_ref.key).await?),
     };
-    let pod = observe_pod(ctx, &namespace, &name).await?;
+    let pod = cached_observation(&ctx.caches.pods, &ctx.caches.mount_failures, &namespace, &name);
     Ok(AgentInputs { namespace: namespace_info, cluster_policies, context_policy, system_prompt, tools, pod })
 }
 
@@ -153,53 +149,15 @@ fn context_policy(ctx: &Context, agent: &Agent, namespace: &str) -> PolicyLookup
     }
 }
 
-async fn read_key(
-    api: &Api<ConfigMap>,
-    fetched: &mut BTreeMap<String, Option<ConfigMap>>,
-    name: &str,
-    key: &str,
-) -> Result<Fetched> {
-    if !fetched.contains_key(name) {
-        let found = api
-            .get_opt(name)
-            .await
-            .map_err(|e| Error::kube(format!("reading ConfigMap {}/{name}", api_namespace(api)), e))?;
-        fetched.insert(name.to_string(), found);
-    }
-    Ok(match fetched.get(name).and_then(Option::as_ref) {
+async fn read_key(ctx: &Context, namespace: &str, name: &str, key: &str) -> Result<Fetched> {
+    let data = ctx.config_map_data.get(&ctx.client, &ctx.caches.config_maps, namespace, name).await?;
+    Ok(match data {
         None => Fetched::MissingConfigMap(name.to_string()),
-        Some(map) => match map.data.as_ref().and_then(|d| d.get(key)) {
+        Some(data) => match data.get(key) {
             Some(text) => Fetched::Text(text.clone()),
             None => Fetched::MissingKey { name: name.to_string(), key: key.to_string() },
         },
     })
-}
-
-fn api_namespace(api: &Api<ConfigMap>) -> String {
-    api.namespace().unwrap_or_default().to_string()
-}
-
-async fn observe_pod(ctx: &Context, namespace: &str, agent: &str) -> Result<Option<PodObservation>> {
-    let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), namespace);
-    let name = pod_name(agent);
-    let Some(pod) =
-        pods.get_opt(&name).await.map_err(|e| Error::kube(format!("reading Pod {namespace}/{name}"), e))?
-    else {
-        return Ok(None);
-    };
-    let status = pod.status.unwrap_or_default();
-    let foreign_journal = foreign_journal_refusal(&status);
-    let phase = status.phase.unwrap_or_else(|| "Pending".into());
-    let ready = status.conditions.iter().flatten().any(|c| c.type_ == "Ready" && c.status == "True");
-    let missing_secret =
-        if phase == "Pending" { missing_secret_from_events(ctx, namespace, &name).await? } else { None };
-    Ok(Some(PodObservation {
-        phase,
-        ready,
-        node_name: pod.spec.and_then(|spec| spec.node_name),
-        missing_secret,
-        foreign_journal,
-    }))
 }
 
 /// The line of the gateway's last termination message that refuses another Agent's journal.
@@ -212,18 +170,6 @@ pub fn foreign_journal_refusal(status: &k8s_openapi::api::core::v1::PodStatus) -
         .flat_map(str::lines)
         .find(|line| line.contains(FOREIGN_JOURNAL_MARKER))
         .map(|line| line.trim().trim_start_matches("strata: ").to_string())
-}
-
-/// The kubelet reports an absent Secret volume as a FailedMount event naming it.
-async fn missing_secret_from_events(ctx: &Context, namespace: &str, pod: &str) -> Result<Option<String>> {
-    let events: Api<CoreEvent> = Api::namespaced(ctx.client.clone(), namespace);
-    let params = ListParams::default()
-        .fields(&format!("involvedObject.kind=Pod,involvedObject.name={pod},reason=FailedMount"));
-    let list = events
-        .list(&params)
-        .await
-        .map_err(|e| Error::kube(format!("listing FailedMount events of Pod {namespace}/{pod}"), e))?;
-    Ok(list.items.iter().filter_map(|event| event.message.as_deref()).find_map(secret_not_found))
 }
 
 /// `secret "anthropic-api" not found` → `anthropic-api`.

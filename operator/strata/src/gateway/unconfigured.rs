@@ -1,0 +1,166 @@
+//! The gateway before it has a usable gateway.json: up but not ready, every answer naming the file
+//! and its error (provider requests get a 503 in their provider's shape), while the file is polled
+//! until it loads; and the router switch that then puts the real gateway on the same listeners.
+
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, RwLock};
+
+use axum::Router;
+use axum::extract::{Request, State};
+use axum::http::{HeaderValue, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use serde_json::json;
+use strata_core::session::turn::Api;
+use tower::ServiceExt;
+
+use super::config::{ConfigError, RELOAD_POLL_INTERVAL, Settings};
+use super::errors::{GatewayError, json_response};
+use super::metrics::Metrics;
+
+/// What the waiting gateway knows: the file, its current error and the metrics.
+#[derive(Clone)]
+pub struct Waiting {
+    path: PathBuf,
+    error: Arc<RwLock<String>>,
+    metrics: Metrics,
+}
+
+impl Waiting {
+    /// Waiting for `path`, which failed with `error`.
+    pub fn new(path: &Path, error: &ConfigError, metrics: Metrics) -> Self {
+        metrics.config_rejected.set(1);
+        Waiting { path: path.to_owned(), error: Arc::new(RwLock::new(error.to_string())), metrics }
+    }
+
+    fn error(&self) -> String {
+        match self.error.read() {
+            Ok(guard) => guard.clone(),
+            Err(poisoned) => poisoned.into_inner().clone(),
+        }
+    }
+
+    fn set_error(&self, error: String) {
+        match self.error.write() {
+            Ok(mut guard) => *guard = error,
+            Err(poisoned) => *poisoned.into_inner() = error,
+        }
+    }
+
+    fn unavailable(&self) -> GatewayError {
+        GatewayError::EngineUnavailable {
+            cause: format!("gateway config {} cannot be used: {}", self.path.display(), self.error()),
+            reason: "fix the file; the gateway loads it within a second, without a restart".into(),
+        }
+    }
+
+    /// Poll the file until it loads; returns its settings and bytes.
+    pub async fn until_usable(&self) -> (Settings, Vec<u8>) {
+        let mut last_bytes = std::fs::read(&self.path).ok();
+        let mut ticker = tokio::time::interval(RELOAD_POLL_INTERVAL);
+        loop {
+            ticker.tick().await;
+            let bytes = std::fs::read(&self.path).ok();
+            if bytes == last_bytes {
+                continue;
+            }
+            last_bytes = bytes;
+            match Settings::load_with_bytes(&self.path) {
+                Ok(loaded) => {
+                    tracing::info!(path = %self.path.display(), "gateway config is usable now; starting");
+                    self.metrics.config_rejected.set(0);
+                    return loaded;
+                }
+                Err(error) => {
+                    tracing::error!(%error, "gateway config is still unusable; the gateway stays not ready");
+                    self.set_error(error.to_string());
+                }
+            }
+        }
+    }
+}
+
+/// The API while waiting: health yes, ready no, provider requests 503 in their shape.
+pub fn api_router(waiting: Waiting) -> Router {
+    Router::new()
+        .route("/v1/chat/completions", post(openai))
+        .route("/v1/messages", post(anthropic))
+        .route("/v1/models", get(openai))
+        .route("/healthz", get(|| async { "ok" }))
+        .route("/readyz", get(readyz))
+        .route("/strata/v1/status", get(status))
+        .fallback(openai)
+        .with_state(waiting)
+}
+
+/// The metrics port while waiting: metrics and status.
+pub fn metrics_router(waiting: Waiting) -> Router {
+    Router::new().route("/metrics", get(metrics)).route("/strata/v1/status", get(status)).with_state(waiting)
+}
+
+async fn openai(State(waiting): State<Waiting>) -> Response {
+    waiting.unavailable().into_response_for(Api::OpenAi)
+}
+
+async fn anthropic(State(waiting): State<Waiting>) -> Response {
+    waiting.unavailable().into_response_for(Api::Anthropic)
+}
+
+async fn readyz(State(waiting): State<Waiting>) -> Response {
+    (StatusCode::SERVICE_UNAVAILABLE, waiting.unavailable().to_string()).into_response()
+}
+
+async fn status(State(waiting): State<Waiting>) -> Response {
+    json_response(
+        StatusCode::SERVICE_UNAVAILABLE,
+        &json!({
+            "ready": false,
+            "config": {"inForce": "none", "error": waiting.error()},
+        }),
+    )
+}
+
+async fn metrics(State(waiting): State<Waiting>) -> Response {
+    let mut response = Response::new(axum::body::Body::from(waiting.metrics.render()));
+    response
+        .headers_mut()
+        .insert(header::CONTENT_TYPE, HeaderValue::from_static("text/plain; version=0.0.4"));
+    response
+}
+
+/// A router whose routes can be replaced while its listener keeps serving.
+#[derive(Clone)]
+pub struct Switch {
+    current: Arc<RwLock<Router>>,
+}
+
+impl Switch {
+    /// Serving `router` first.
+    pub fn new(router: Router) -> Self {
+        Switch { current: Arc::new(RwLock::new(router)) }
+    }
+
+    /// Serve `router` from the next request on.
+    pub fn replace(&self, router: Router) {
+        match self.current.write() {
+            Ok(mut guard) => *guard = router,
+            Err(poisoned) => *poisoned.into_inner() = router,
+        }
+    }
+
+    fn get(&self) -> Router {
+        match self.current.read() {
+            Ok(guard) => guard.clone(),
+            Err(poisoned) => poisoned.into_inner().clone(),
+        }
+    }
+
+    /// The router to serve: every request goes to the routes in force when it arrives.
+    pub fn router(&self) -> Router {
+        let switch = self.clone();
+        Router::new().fallback_service(tower::service_fn(move |request: Request| {
+            let router = switch.get();
+            async move { router.oneshot(request).await }
+        }))
+    }
+}
