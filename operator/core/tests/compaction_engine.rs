@@ -297,7 +297,7 @@ fn rollback_restores_the_prior_generation_byte_identical_plus_later_entries() {
 
     let record = rollback(&mut journal, 1, Some("bad summary".into()), "tenant", 5_000).unwrap();
 
-    assert_eq!(record.mode, CompactionMode::Rollback);
+    assert_eq!(record.mode, Some(CompactionMode::Rollback));
     assert_eq!((record.source_generation, record.result_generation), (2, 3));
     let mut expected = original.clone();
     expected.push(later);
@@ -332,7 +332,7 @@ fn purge_mode_puts_the_summary_where_the_first_entry_stood_and_archives_the_entr
     let ready = prepare_purge(&snapshot, &job, &fx.store, &counter()).unwrap();
     let record = ready.commit(&mut journal, 9).unwrap();
 
-    assert_eq!(record.mode, CompactionMode::Purge);
+    assert_eq!(record.mode, Some(CompactionMode::Purge));
     assert_eq!(record.assets_removed, vec![ids["grep_call"].to_string(), ids["grep_res"].to_string()]);
     let position = before.iter().position(|e| e.id == ids["grep_call"]).unwrap();
     let summary = &journal.entries()[position];

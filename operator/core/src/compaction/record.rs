@@ -26,8 +26,10 @@ pub enum QualityCheck {
 pub struct CompactionRecord {
     /// `cmp:` + a stable hash of the inputs.
     pub compaction_id: String,
-    /// Mode that ran.
-    pub mode: CompactionMode,
+    /// Mode that ran (always set by Strata; optional so that records written without it, by older
+    /// versions, still read).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mode: Option<CompactionMode>,
     /// Why it ran.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reason: Option<String>,
@@ -195,7 +197,7 @@ mod tests {
     fn termination_message_fits_and_stays_valid_json() {
         let record = CompactionRecord {
             compaction_id: compaction_id(&["a", "b"]),
-            mode: CompactionMode::Budget,
+            mode: Some(CompactionMode::Budget),
             reason: Some("r".repeat(2000)),
             source_generation: 4,
             result_generation: 5,
