@@ -105,17 +105,22 @@ fn send(
     }
 }
 
+/// Ten answered turns of small talk about log files.
+fn read_ten_logs(engine: &mut SessionEngine, settings: &SessionSettings) {
+    for step in 0..10u64 {
+        let call = send(engine, settings, vec![user(format!("step {step}: read the next log"))], step);
+        let answer = AssistantOutput { text: format!("read log {step}"), ..AssistantOutput::default() };
+        engine.record_answer(settings, &call, &answer, step).unwrap();
+    }
+}
+
 #[test]
 fn a_compaction_committed_while_a_tool_call_waits_keeps_the_call_next_to_its_result() {
     let mut settings = SessionSettings::defaults(Api::OpenAi, 40_000);
     settings.model_summarizer = true;
     settings.compaction.keep_recent_entries = 2;
     let mut engine = SessionEngine::in_memory(&settings, 0).unwrap();
-    for step in 0..10u64 {
-        let call = send(&mut engine, &settings, vec![user(format!("step {step}: read the next log"))], step);
-        let answer = AssistantOutput { text: format!("read log {step}"), ..AssistantOutput::default() };
-        engine.record_answer(&settings, &call, &answer, step).unwrap();
-    }
+    read_ten_logs(&mut engine, &settings);
     let call = send(&mut engine, &settings, vec![user("Deploy the auth service.".into())], 20);
     let deploy =
         ToolCall { call_id: "call_deploy".into(), name: "deploy".into(), arguments_json: "{}".into() };
@@ -164,11 +169,7 @@ fn a_snapshot_overtaken_by_another_rewrite_is_refused_as_superseded() {
     let mut settings = SessionSettings::defaults(Api::OpenAi, 40_000);
     settings.compaction.keep_recent_entries = 2;
     let mut engine = SessionEngine::in_memory(&settings, 0).unwrap();
-    for step in 0..10u64 {
-        let call = send(&mut engine, &settings, vec![user(format!("step {step}: read the next log"))], step);
-        let answer = AssistantOutput { text: format!("read log {step}"), ..AssistantOutput::default() };
-        engine.record_answer(&settings, &call, &answer, step).unwrap();
-    }
+    read_ten_logs(&mut engine, &settings);
     let ask = CompactionAsk::new(CompactionMode::Budget, "test");
     let slow = engine.prepare_compaction(&settings, &ask, 30).unwrap();
     let fast = engine

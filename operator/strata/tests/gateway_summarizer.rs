@@ -67,6 +67,16 @@ fn summarizer_calls(fake: &FakeUpstream) -> usize {
     fake.seen().iter().filter(|seen| seen.body["model"] == SUMMARIZER).count()
 }
 
+/// Sends build notes until the context reaches the trigger and the summariser model is called.
+async fn send_notes_until_the_summariser_is_called(fake: &FakeUpstream, gateway: &Harness) {
+    let mut sent = 0;
+    while summarizer_calls(fake) == 0 {
+        assert!(sent < 40, "the trigger was never reached after {sent} turns");
+        say(gateway, &note(sent)).await;
+        sent += 1;
+    }
+}
+
 /// The records the gateway wrote beside the journal.
 fn records(gateway: &Harness) -> Vec<Value> {
     let Ok(dir) = gateway.data_dir.join("compactions").read_dir() else { return Vec::new() };
@@ -111,12 +121,7 @@ async fn at_the_trigger_the_model_compacts_in_the_background_and_turns_sent_mean
         Arc::new(move |_| Reply::Delayed(Duration::from_millis(1_500), Box::new(Reply::Text(state.clone())))),
     );
     let gateway = Harness::start(&fake, Provider::OpenAI, small_window).await;
-    let mut sent = 0;
-    while summarizer_calls(&fake) == 0 {
-        assert!(sent < 40, "the trigger was never reached after {sent} turns");
-        say(&gateway, &note(sent)).await;
-        sent += 1;
-    }
+    send_notes_until_the_summariser_is_called(&fake, &gateway).await;
     assert_eq!(generation(&gateway).await, 1, "nothing is committed before the summary arrives");
     let during = ["Build note A, sent while the summary is written.", "Build note B, also meanwhile."];
     for text in during {
@@ -157,12 +162,7 @@ async fn a_failing_summariser_model_falls_back_to_the_extractive_summariser() {
         Arc::new(|_| Reply::Error(500, r#"{"error": {"message": "down"}}"#.into())),
     );
     let gateway = Harness::start(&fake, Provider::OpenAI, small_window).await;
-    let mut sent = 0;
-    while summarizer_calls(&fake) == 0 {
-        assert!(sent < 40, "the trigger was never reached after {sent} turns");
-        say(&gateway, &note(sent)).await;
-        sent += 1;
-    }
+    send_notes_until_the_summariser_is_called(&fake, &gateway).await;
     wait_for_generation_after(&gateway, 1).await;
     let record = records(&gateway).pop().unwrap();
     assert_eq!(record["qualityCheck"], "Passed", "{record}");
