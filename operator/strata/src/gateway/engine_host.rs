@@ -168,6 +168,17 @@ impl EngineHost {
         Ok(())
     }
 
+    /// After a failed fsync: unloads the engine of `epoch` (unless it was already reloaded) and
+    /// says why, for the client.
+    fn fsync_failed(&self, epoch: u64, cause: &str) -> GatewayError {
+        let cause = format!("journal fsync failed: {cause}");
+        let mut slot = self.lock();
+        if self.epoch.load(Ordering::Acquire) == epoch {
+            self.unload(&mut slot, cause.clone());
+        }
+        GatewayError::EngineUnavailable { cause, reason: RELOAD_REASON.into() }
+    }
+
     /// Times the engine was reloaded from the journal.
     pub fn reloads(&self) -> u64 {
         self.reloads.load(Ordering::Relaxed)
@@ -208,14 +219,7 @@ impl EngineHost {
                 let target = engine.durable_target();
                 drop(slot);
                 if let Err(cause) = host.fsync(&target.paths) {
-                    let mut slot = host.lock();
-                    if host.epoch.load(Ordering::Acquire) == epoch {
-                        host.unload(&mut slot, format!("journal fsync failed: {cause}"));
-                    }
-                    return Err(GatewayError::EngineUnavailable {
-                        cause: format!("journal fsync failed: {cause}"),
-                        reason: RELOAD_REASON.into(),
-                    });
+                    return Err(host.fsync_failed(epoch, &cause));
                 }
                 host.synced.fetch_max(target.seq, Ordering::AcqRel);
             }
@@ -279,16 +283,7 @@ impl EngineHost {
                 self.synced.fetch_max(target, Ordering::AcqRel);
                 Ok(())
             }
-            Err(cause) => {
-                let mut slot = self.lock();
-                if self.epoch.load(Ordering::Acquire) == epoch {
-                    self.unload(&mut slot, format!("journal fsync failed: {cause}"));
-                }
-                Err(GatewayError::EngineUnavailable {
-                    cause: format!("journal fsync failed: {cause}"),
-                    reason: RELOAD_REASON.into(),
-                })
-            }
+            Err(cause) => Err(self.fsync_failed(epoch, &cause)),
         }
     }
 }

@@ -307,13 +307,14 @@ async fn record_round(
     let answer = output.clone();
     let chain_tail = prepared.chain_tail;
     let api = prepared.request.api;
-    let mut texts = earlier_texts.to_vec();
+    // Only a transparent session remembers its answer, and only it needs the earlier texts.
+    let mut texts = chain_tail.map(|_| earlier_texts.to_vec());
     let (effects, call, ask) = gateway
         .with_engine(move |engine| {
             let effects = engine.record_answer(&settings.session, &call, &answer, now_ms())?;
-            if !effects.internal && chain_tail.is_some() {
+            if let Some(texts) = texts.as_mut().filter(|_| !effects.internal) {
                 texts.push(answer.text.clone());
-                engine.remember_answer(chain_tail, &visible_turn(api, &texts, &answer))?;
+                engine.remember_answer(chain_tail, &visible_turn(api, texts, &answer))?;
             }
             Ok((effects, call, engine.take_compaction_ask()))
         })

@@ -150,9 +150,7 @@ fn pod_template(
 /// The volume of the summariser's own API key (`SUMMARIZER_KEY_FILE`), for the gateway and the
 /// compaction Job.
 pub(crate) fn summarizer_volume(key: &LocalKeyRef) -> Volume {
-    let [_, mut volume] = config_and_credentials_volumes("", key);
-    volume.name = SUMMARIZER_VOLUME.into();
-    volume
+    api_key_volume(SUMMARIZER_VOLUME, key)
 }
 
 /// Where the summariser's key volume is mounted: the directory of `SUMMARIZER_KEY_FILE`.
@@ -173,21 +171,22 @@ pub(crate) fn config_and_credentials_volumes(config_map: &str, credentials: &Loc
             }),
             ..Volume::default()
         },
-        Volume {
-            name: "credentials".into(),
-            secret: Some(SecretVolumeSource {
-                secret_name: Some(credentials.name.clone()),
-                items: Some(vec![KeyToPath {
-                    key: credentials.key.clone(),
-                    path: "api-key".into(),
-                    mode: None,
-                }]),
-                default_mode: Some(0o440),
-                optional: Some(false),
-            }),
-            ..Volume::default()
-        },
+        api_key_volume("credentials", credentials),
     ]
+}
+
+/// A volume `name` holding the Secret key `key` as the file `api-key`, readable by the group only.
+fn api_key_volume(name: &str, key: &LocalKeyRef) -> Volume {
+    Volume {
+        name: name.into(),
+        secret: Some(SecretVolumeSource {
+            secret_name: Some(key.name.clone()),
+            items: Some(vec![KeyToPath { key: key.key.clone(), path: "api-key".into(), mode: None }]),
+            default_mode: Some(0o440),
+            optional: Some(false),
+        }),
+        ..Volume::default()
+    }
 }
 
 pub(crate) fn runtime_default_seccomp() -> SeccompProfile {
