@@ -7,6 +7,8 @@ use kube::KubeSchema;
 use serde::{Deserialize, Serialize};
 
 pub use strata_core::compaction::StateField;
+pub use strata_core::entry::{RetentionClass, Role};
+pub use strata_core::retention::{RetentionMatch, RetentionRule};
 
 /// A partial context policy. Unset fields inherit from the layer below.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, KubeSchema)]
@@ -122,77 +124,6 @@ pub struct RetentionSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(max = 64))]
     pub rules: Option<Vec<RetentionRule>>,
-}
-
-/// Retention class of a journal entry.
-#[derive(
-    Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize, schemars::JsonSchema,
-)]
-pub enum RetentionClass {
-    /// Never dropped by compaction; must survive every generation.
-    Critical,
-    /// Ordinary working history.
-    Working,
-    /// Reference material: may be spilled or elided, stays reopenable.
-    Reference,
-    /// Heartbeats and status pings: expire after their TTL.
-    Ephemeral,
-}
-
-/// One classification rule.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, KubeSchema)]
-#[serde(rename_all = "camelCase")]
-#[x_kube(validation = Rule::new("self.class != 'Ephemeral' || has(self.ttlSeconds)")
-    .message("an Ephemeral retention rule needs ttlSeconds: say how long such entries stay in the window"))]
-pub struct RetentionRule {
-    /// Unique name of the rule; layers merge rules by name.
-    #[schemars(length(min = 1, max = 63), regex(pattern = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"))]
-    pub name: String,
-    /// The class given to matching entries.
-    pub class: RetentionClass,
-    /// Which entries the rule matches; all given criteria must hold.
-    #[serde(rename = "match")]
-    pub matcher: RetentionMatch,
-    /// Entries of this rule leave the window after this many seconds.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(range(min = 1, max = 31_536_000))]
-    pub ttl_seconds: Option<u32>,
-}
-
-/// Criteria of a retention rule.
-#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, KubeSchema)]
-#[serde(rename_all = "camelCase")]
-#[x_kube(validation = Rule::new("has(self.roles) || has(self.toolNames) || has(self.contentRegex)")
-    .message("a retention rule's match needs at least one of roles, toolNames or contentRegex; an empty match would classify every entry"))]
-pub struct RetentionMatch {
-    /// Message roles the rule applies to.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(length(max = 4))]
-    pub roles: Option<Vec<MessageRole>>,
-    /// Tool names whose calls and results the rule applies to.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(length(max = 64))]
-    pub tool_names: Option<Vec<String>>,
-    /// RE2-style regular expression the entry's text must match.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(length(min = 1, max = 1024))]
-    pub content_regex: Option<String>,
-}
-
-/// Message role, as the providers name it.
-#[derive(
-    Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize, schemars::JsonSchema,
-)]
-#[serde(rename_all = "lowercase")]
-pub enum MessageRole {
-    /// System instructions.
-    System,
-    /// The user or the agent's driver.
-    User,
-    /// The model.
-    Assistant,
-    /// A tool result.
-    Tool,
 }
 
 /// When and how history is compacted.

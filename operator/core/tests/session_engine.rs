@@ -361,3 +361,45 @@ fn a_turn_remembered_but_never_journaled_is_journaled_by_the_retry() {
         engine.journal().entries().iter().map(|entry| entry.content.text.as_str()).collect();
     assert_eq!(texts, ["List the files", "a.txt", "Now read a.txt", "hello"]);
 }
+
+/// An always-on agent whose client starts new conversations keeps only the live conversation's
+/// chain values: the old one's are forgotten (in memory and in the file) when the new one replaces
+/// it, and the live one is still recognised after a restart.
+#[test]
+fn a_new_conversation_prunes_the_old_ones_chain_values() {
+    let dir = tempfile::tempdir().unwrap();
+    let settings = SessionSettings::defaults(Api::OpenAi, 100_000);
+    let index = dir.path().join("gateway").join("transparent-prefixes");
+    let lines = || std::fs::read_to_string(&index).unwrap().lines().count();
+    let first = user("Summarise yesterday's alerts".into());
+    let first_answer = Turn { role: Role::Assistant, content: Content::text("Two disk alerts.".to_owned()) };
+    let follow_up = user("Which hosts?".into());
+    {
+        let mut engine = SessionEngine::open(dir.path(), &settings, 0).unwrap();
+        transparent_call(&mut engine, &settings, std::slice::from_ref(&first), "Two disk alerts.").unwrap();
+        transparent_call(
+            &mut engine,
+            &settings,
+            &[first.clone(), first_answer.clone(), follow_up.clone()],
+            "db-1",
+        )
+        .unwrap();
+    }
+    assert_eq!(lines(), 4, "two client turns and two answers");
+    let fresh = user("Plan today's deploy".into());
+    let fresh_answer = Turn { role: Role::Assistant, content: Content::text("Step one: freeze.".to_owned()) };
+    let next = user("And step two?".into());
+    {
+        let mut engine = SessionEngine::open(dir.path(), &settings, 0).unwrap();
+        transparent_call(&mut engine, &settings, std::slice::from_ref(&fresh), "Step one: freeze.").unwrap();
+        assert!(engine.journal().generation() > 1, "the new conversation rewound the journal");
+    }
+    assert_eq!(lines(), 2, "only the new conversation's turn and answer are left");
+    let mut engine = SessionEngine::open(dir.path(), &settings, 0).unwrap();
+    let generation = engine.journal().generation();
+    transparent_call(&mut engine, &settings, &[fresh, fresh_answer, next], "Step two: deploy.").unwrap();
+    assert_eq!(engine.journal().generation(), generation, "the live conversation still extends the journal");
+    let texts: Vec<&str> =
+        engine.journal().entries().iter().map(|entry| entry.content.text.as_str()).collect();
+    assert_eq!(texts, ["Plan today's deploy", "Step one: freeze.", "And step two?", "Step two: deploy."]);
+}

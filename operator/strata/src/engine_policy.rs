@@ -2,16 +2,14 @@
 //! gateway, `strata compact`, `strata replay` and the controller.
 
 use strata_api::agent::{Provider, Tokenizer};
-use strata_api::effective::{
-    EffectiveBudget, EffectiveCompaction, EffectivePolicy, EffectiveRetention, EffectiveToolResults,
-};
+use strata_api::effective::{EffectiveBudget, EffectiveCompaction, EffectivePolicy, EffectiveToolResults};
 use strata_api::policy::BreakpointMode;
 use strata_core::budget::{BudgetError, BudgetPolicy};
 use strata_core::compaction::CompactionSettings;
 use strata_core::compiler::BreakpointPlacement;
 use strata_core::prefix::StablePrefixSources;
 use strata_core::redaction::{PatternError, Redactor};
-use strata_core::retention::{Classifier, ExpiryPolicy, RetentionRule, RetentionRuleError};
+use strata_core::retention::{Classifier, ExpiryPolicy, RetentionRuleError};
 use strata_core::session::{Api, SessionSettings};
 use strata_core::tokens::TokenizerKind;
 use strata_core::tool_output::{ElisionPolicy, SpillPolicy};
@@ -28,9 +26,6 @@ pub enum PolicyError {
     /// A retention rule does not compile.
     #[error("policy.retention: {0}")]
     Retention(#[source] RetentionRuleError),
-    /// A retention rule does not have the engine's shape.
-    #[error("policy.retention.rules: {0}")]
-    RetentionShape(#[source] serde_json::Error),
 }
 
 /// The provider API an upstream speaks.
@@ -55,8 +50,7 @@ pub fn session_settings(
     budget.validate(limit).map_err(PolicyError::Budget)?;
     let redactor = Redactor::new(policy.redaction.enabled, &policy.redaction.extra_patterns)
         .map_err(PolicyError::Redaction)?;
-    let rules = retention_rules(&policy.retention).map_err(PolicyError::RetentionShape)?;
-    let classifier = Classifier::new(rules).map_err(PolicyError::Retention)?;
+    let classifier = Classifier::new(policy.retention.rules.clone()).map_err(PolicyError::Retention)?;
     let placement = match policy.cache.breakpoints {
         BreakpointMode::Auto => BreakpointPlacement::Auto,
         BreakpointMode::None => BreakpointPlacement::Off,
@@ -124,11 +118,6 @@ pub fn elision_policy(tool_results: &EffectiveToolResults) -> ElisionPolicy {
     }
 }
 
-/// The retention rules; the API's and the engine's share one JSON shape.
-pub fn retention_rules(retention: &EffectiveRetention) -> Result<Vec<RetentionRule>, serde_json::Error> {
-    serde_json::from_value(serde_json::to_value(&retention.rules)?)
-}
-
 /// Compaction settings for an agent of `privacy_scope`.
 pub fn compaction_settings(compaction: &EffectiveCompaction, privacy_scope: &str) -> CompactionSettings {
     CompactionSettings {
@@ -153,7 +142,7 @@ mod tests {
         assert_eq!(budget_policy(&policy.budget), BudgetPolicy::default());
         assert_eq!(spill_policy(&policy.tool_results), SpillPolicy::default());
         assert_eq!(elision_policy(&policy.tool_results), ElisionPolicy::default());
-        assert_eq!(retention_rules(&policy.retention).unwrap().len(), policy.retention.rules.len());
+        assert!(Classifier::new(policy.retention.rules.clone()).is_ok());
         let settings = compaction_settings(&policy.compaction, "tenant");
         assert_eq!(settings.required_fields.len(), policy.compaction.required_fields.len());
         assert_eq!(settings.keep_recent_entries, 8);

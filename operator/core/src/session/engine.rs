@@ -908,6 +908,12 @@ impl SessionEngine {
         };
         let switch = self.journal.fork(keep, &reason, now_ms)?;
         self.after_rewrite()?;
+        if cause == RewindCause::NewConversation && self.transparent.retain_only(&chains)? > 0 {
+            // The rewritten index is made durable with the next group commit; until then the old
+            // file's superset is what a crash would leave, which recognises no fewer turns.
+            self.index_unsynced = true;
+            self.appended_seq += 1;
+        }
         Ok((
             first_new,
             chains,

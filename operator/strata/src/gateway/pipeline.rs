@@ -21,7 +21,7 @@ use axum::response::Response;
 use bytes::Bytes;
 use futures::StreamExt;
 use serde_json::{Map, Value};
-use strata_api::agent::{Provider, SessionMode};
+use strata_api::agent::SessionMode;
 use strata_core::budget::{BudgetLevel, OperationId};
 use strata_core::session::tool_schema::is_memory_tool;
 use strata_core::session::transparent::ChainHash;
@@ -37,10 +37,10 @@ use super::errors::GatewayError;
 use super::inspect::{InspectLog, RequestRecord, RoundRecord, cache_outcome};
 use super::metrics::Metrics;
 use super::pending::PendingOperations;
+use super::provider::{ProviderAdapter, adapter, adapter_for};
 use super::response_cache::{self, CacheKey, CachedAnswer, ResponseCache};
-use super::sse::{SseEvent, SseParser};
+use super::sse::SseParser;
 use super::upstream::Upstream;
-use super::{anthropic, openai};
 
 /// Upstream calls per client request at most (memory-tool rounds included).
 pub const MAX_ROUNDS: usize = 8;
@@ -99,30 +99,12 @@ struct Prepared {
     admission_events: Vec<ContextEvent>,
 }
 
-fn api_name(api: Api) -> &'static str {
-    match api {
-        Api::OpenAi => "openai",
-        Api::Anthropic => "anthropic",
-    }
-}
-
-fn path_of(api: Api) -> &'static str {
-    match api {
-        Api::OpenAi => "chat/completions",
-        Api::Anthropic => "messages",
-    }
-}
-
-fn check_api(settings: &Settings, api: Api) -> Result<(), GatewayError> {
+fn check_api(settings: &Settings, adapter: &dyn ProviderAdapter) -> Result<(), GatewayError> {
     let provider = settings.provider();
-    let matches = match api {
-        Api::OpenAi => matches!(provider, Provider::OpenAI | Provider::OpenAICompatible),
-        Api::Anthropic => provider == Provider::Anthropic,
-    };
-    if matches {
+    if adapter.serves(provider) {
         return Ok(());
     }
-    let right = if provider == Provider::Anthropic { "/v1/messages" } else { "/v1/chat/completions" };
+    let right = adapter_for(provider).client_path();
     Err(GatewayError::BadRequest(format!(
         "this gateway's upstream is {provider:?}; send requests to {right} in that provider's format"
     )))
@@ -145,18 +127,8 @@ pub fn upstream_head(settings: &Settings, request: &ChatRequest) -> Map<String, 
     if request.stream {
         head.insert("stream".into(), true.into());
     }
-    match settings.provider() {
-        Provider::OpenAI => {
-            head.insert("prompt_cache_key".into(), settings.config.cache_key.clone().into());
-        }
-        Provider::OpenAICompatible => {
-            head.insert("cache_salt".into(), settings.config.cache_key.clone().into());
-        }
-        Provider::Anthropic => {}
-    }
-    if request.stream && request.api == Api::OpenAi {
-        head.insert("stream_options".into(), serde_json::json!({"include_usage": true}));
-    }
+    let provider = settings.provider();
+    adapter(request.api).add_upstream_fields(&mut head, provider, &settings.config.cache_key, request.stream);
     head
 }
 
@@ -168,11 +140,9 @@ async fn prepare(
 ) -> Result<Prepared, GatewayError> {
     let started = Instant::now();
     let settings = gateway.live.get();
-    check_api(&settings, api)?;
-    let request = match api {
-        Api::OpenAi => openai::parse_request(body)?,
-        Api::Anthropic => anthropic::parse_request(body)?,
-    };
+    let adapter = adapter(api);
+    check_api(&settings, adapter)?;
+    let request = adapter.parse_request(body)?;
     let has_session = headers.contains_key(SESSION_HEADER);
     if settings.config.session_mode == SessionMode::Stateful && !has_session {
         return Err(GatewayError::BadRequest(format!(
@@ -180,11 +150,11 @@ async fn prepare(
         )));
     }
     let transparent = !has_session;
-    let operation_id = OperationId::from_request(api_name(api), body);
+    let operation_id = OperationId::from_request(adapter.name(), body);
     let mut record = RequestRecord {
         operation_id: operation_id.to_string(),
         at_ms: now_ms(),
-        api: api_name(api),
+        api: adapter.name(),
         stream: request.stream,
         session: if transparent { "transparent" } else { "stateful" },
         new_entries: 0,
@@ -357,10 +327,7 @@ async fn record_round(
 
 fn visible_turn(api: Api, texts: &[String], final_output: &AssistantOutput) -> Turn {
     let mut turn = final_output.visible_turn(is_memory_tool);
-    turn.content.text = match api {
-        Api::OpenAi => texts.concat(),
-        Api::Anthropic => anthropic::join_texts(texts.iter().map(String::as_str)),
-    };
+    turn.content.text = adapter(api).join_texts(texts);
     turn
 }
 
@@ -371,13 +338,10 @@ fn finish_record(gateway: &Gateway, mut prepared: Prepared, outcome: &str) {
     gateway.inspect.push(prepared.record);
 }
 
-fn parse_answer(api: Api, bytes: &[u8]) -> Result<AssistantOutput, GatewayError> {
+fn parse_answer(adapter: &dyn ProviderAdapter, bytes: &[u8]) -> Result<AssistantOutput, GatewayError> {
     let value: Value = serde_json::from_slice(bytes)
         .map_err(|error| GatewayError::UpstreamProtocol(format!("answer is not JSON: {error}")))?;
-    match api {
-        Api::OpenAi => openai::parse_response(value),
-        Api::Anthropic => anthropic::parse_response(value),
-    }
+    adapter.parse_answer(value)
 }
 
 async fn complete(
@@ -385,19 +349,20 @@ async fn complete(
     mut prepared: Prepared,
     headers: &HeaderMap,
 ) -> Result<Response, GatewayError> {
-    let api = prepared.request.api;
+    let adapter = adapter(prepared.request.api);
     let mut texts: Vec<String> = Vec::new();
     let mut total = Usage::default();
     for _ in 0..MAX_ROUNDS {
         let mut call = plan(gateway, &mut prepared).await?;
         let body = std::mem::take(&mut call.body);
         let upstream_started = Instant::now();
-        let response = gateway.upstream.post(&prepared.settings, path_of(api), body, headers, false).await;
+        let response =
+            gateway.upstream.post(&prepared.settings, adapter.upstream_path(), body, headers, false).await;
         let response =
             response.inspect_err(|_| gateway.metrics.upstream_calls.with_label_values(&["error"]).inc())?;
         let bytes = gateway.upstream.read_body(&prepared.settings, response).await?;
         let upstream_time = upstream_started.elapsed();
-        let output = parse_answer(api, &bytes)?;
+        let output = parse_answer(adapter, &bytes)?;
         let internal =
             record_round(gateway, &mut prepared, call, &output, upstream_time, &mut total, &texts).await?;
         texts.push(output.text.clone());
@@ -406,11 +371,7 @@ async fn complete(
         }
         let started = Instant::now();
         let earlier = &texts[..texts.len() - 1];
-        let body = match api {
-            Api::OpenAi => openai::client_response(&output, &earlier.concat(), &total),
-            Api::Anthropic => anthropic::client_response(&output, earlier, &total),
-        };
-        let body = Bytes::from(body.to_string());
+        let body = Bytes::from(adapter.client_response(&output, earlier, &total).to_string());
         if let Some(key) = prepared.cache_key
             && texts.len() == 1
         {
@@ -424,47 +385,8 @@ async fn complete(
     Err(GatewayError::MemoryLoop { rounds: MAX_ROUNDS })
 }
 
-enum Translator {
-    OpenAi(openai::StreamTranslator),
-    Anthropic(anthropic::StreamTranslator),
-}
-
-impl Translator {
-    fn on_event(&mut self, event: &SseEvent) -> Result<Option<Bytes>, GatewayError> {
-        match self {
-            Translator::OpenAi(translator) => translator.on_event(&event.data),
-            Translator::Anthropic(translator) => translator.on_event(event.event.as_deref(), &event.data),
-        }
-    }
-
-    fn round_complete(&self) -> bool {
-        match self {
-            Translator::OpenAi(translator) => translator.round_complete(),
-            Translator::Anthropic(translator) => translator.round_complete(),
-        }
-    }
-
-    fn finish_round(&mut self) -> AssistantOutput {
-        match self {
-            Translator::OpenAi(translator) => translator.finish_round(),
-            Translator::Anthropic(translator) => translator.finish_round(),
-        }
-    }
-
-    fn closing(&self, total: &Usage) -> Vec<Bytes> {
-        match self {
-            Translator::OpenAi(translator) => translator.closing(total),
-            Translator::Anthropic(translator) => translator.closing(),
-        }
-    }
-}
-
-fn stream_error_event(api: Api, error: &GatewayError) -> Bytes {
-    let body = error.body(api).to_string();
-    match api {
-        Api::OpenAi => super::sse::encode(None, &body),
-        Api::Anthropic => super::sse::encode(Some("error"), &body),
-    }
+fn stream_error_event(adapter: &dyn ProviderAdapter, error: &GatewayError) -> Bytes {
+    adapter.stream_error_event(&error.body(adapter.api()).to_string())
 }
 
 struct ClientStream {
@@ -491,11 +413,8 @@ async fn stream_rounds(
     first: (UpstreamCall, reqwest::Response, Instant),
     mut client: ClientStream,
 ) {
-    let api = prepared.request.api;
-    let mut translator = match api {
-        Api::OpenAi => Translator::OpenAi(openai::StreamTranslator::new(prepared.request.wants_usage)),
-        Api::Anthropic => Translator::Anthropic(anthropic::StreamTranslator::default()),
-    };
+    let adapter = adapter(prepared.request.api);
+    let mut translator = adapter.stream_translator(prepared.request.wants_usage);
     let mut texts: Vec<String> = Vec::new();
     let mut total = Usage::default();
     let (mut call, mut response, mut upstream_started) = first;
@@ -510,7 +429,7 @@ async fn stream_rounds(
                 Ok(chunk) => chunk,
                 Err(error) => {
                     failure = Some(GatewayError::UpstreamUnreachable {
-                        url: super::upstream::url(&prepared.settings, path_of(api)),
+                        url: super::upstream::url(&prepared.settings, adapter.upstream_path()),
                         reason: error.to_string(),
                     });
                     break 'read;
@@ -548,7 +467,7 @@ async fn stream_rounds(
             ));
         }
         if let Some(error) = failure {
-            client.send(stream_error_event(api, &error)).await;
+            client.send(stream_error_event(adapter, &error)).await;
             finish_record(&gateway, prepared, &error.to_string());
             return;
         }
@@ -560,7 +479,7 @@ async fn stream_rounds(
             {
                 Ok(internal) => internal,
                 Err(error) => {
-                    client.send(stream_error_event(api, &error)).await;
+                    client.send(stream_error_event(adapter, &error)).await;
                     finish_record(&gateway, prepared, &error.to_string());
                     return;
                 }
@@ -583,8 +502,10 @@ async fn stream_rounds(
             let mut next_call = plan(&gateway, &mut prepared).await?;
             let started = Instant::now();
             let body = std::mem::take(&mut next_call.body);
-            let response =
-                gateway.upstream.post(&prepared.settings, path_of(api), body, &headers, true).await?;
+            let response = gateway
+                .upstream
+                .post(&prepared.settings, adapter.upstream_path(), body, &headers, true)
+                .await?;
             Ok::<_, GatewayError>((next_call, response, started))
         };
         match next.await {
@@ -594,14 +515,14 @@ async fn stream_rounds(
                 upstream_started = started;
             }
             Err(error) => {
-                client.send(stream_error_event(api, &error)).await;
+                client.send(stream_error_event(adapter, &error)).await;
                 finish_record(&gateway, prepared, &error.to_string());
                 return;
             }
         }
     }
     let error = GatewayError::MemoryLoop { rounds: MAX_ROUNDS };
-    client.send(stream_error_event(api, &error)).await;
+    client.send(stream_error_event(adapter, &error)).await;
     finish_record(&gateway, prepared, "memory_loop");
 }
 
@@ -610,11 +531,11 @@ async fn stream(
     mut prepared: Prepared,
     headers: HeaderMap,
 ) -> Result<Response, GatewayError> {
-    let api = prepared.request.api;
+    let path = adapter(prepared.request.api).upstream_path();
     let mut call = plan(&gateway, &mut prepared).await?;
     let started = Instant::now();
     let body = std::mem::take(&mut call.body);
-    let response = gateway.upstream.post(&prepared.settings, path_of(api), body, &headers, true).await;
+    let response = gateway.upstream.post(&prepared.settings, path, body, &headers, true).await;
     let response =
         response.inspect_err(|_| gateway.metrics.upstream_calls.with_label_values(&["error"]).inc())?;
     let (sender, receiver) = mpsc::channel::<Result<Bytes, Infallible>>(64);
