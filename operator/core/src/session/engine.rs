@@ -18,6 +18,7 @@ use crate::compiler::{
     SyncOutcome, Treatment,
 };
 use crate::dedup::{DedupIndex, render_duplicate};
+use crate::delegation::ExpertDigest;
 use crate::economics::expected_remaining_calls;
 use crate::entry::{Content, Entry, EntryDraft, EntryId, EntryKind, RetentionClass, Role, ToolResult};
 use crate::journal::sim::SimStorage;
@@ -31,6 +32,7 @@ use crate::retention::plan_expiry;
 use crate::tokens::{Calibration, TokenCounter, TokenizerError};
 use crate::tool_output::{ToolOutputError, elide_entry, plan_elision, spill};
 
+use super::capabilities::{ToolBlockStats, ToolView};
 use super::compacting::CompactionAsk;
 use super::memory_tools;
 use super::render::body::{Assembly, ChunkedBody};
@@ -41,7 +43,7 @@ use super::render::{anthropic as render_anthropic, openai as render_openai};
 use super::settings::SessionSettings;
 use super::state::{CorruptState, StateDir};
 use super::sweep::{LIFECYCLE_FILE, Lifecycle, LifecycleLedger};
-use super::tool_schema::{is_memory_tool, memory_tools, to_api_shape};
+use super::tool_schema::{is_memory_tool, load_tools_tool, memory_tools, to_api_shape};
 use super::transparent::{ChainHash, IndexError, Placement, TransparentIndex, chain};
 use super::turn::{Api, AssistantOutput, ChatRequest, Turn};
 
@@ -64,6 +66,25 @@ struct Drafts {
     drafts: Vec<EntryDraft>,
     spilled_bytes: u64,
     offloaded: Offloaded,
+    digests: Vec<DigestRecord>,
+}
+
+/// A delegation result the parent received as a digest.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct DigestRecord {
+    /// The delegation tool.
+    pub tool: String,
+    /// Structured or extractive.
+    pub source: crate::delegation::DigestSource,
+    /// Tokens of the full result (in the artifact store).
+    pub full_tokens: u64,
+    /// Tokens of the digest in the parent's context.
+    pub return_tokens: u64,
+    /// Items left out to meet the parent-return budget.
+    pub omitted_items: usize,
+    /// The artifact holding the full result.
+    pub data_ref: String,
 }
 
 /// A failure of the context engine.
@@ -170,6 +191,8 @@ pub struct UpstreamCall {
     pub breakpoints: usize,
     /// Why the cached prefix changed, if it did.
     pub churn: ChurnCause,
+    /// The client's tools as sent (full schemas and summaries).
+    pub tools: ToolBlockStats,
 }
 
 /// The client's request as the engine takes it.
@@ -213,6 +236,10 @@ pub struct AdmittedTurn {
     /// Transparent sessions: the chain value after the request's last message, to which the
     /// answer is chained once the client has seen it.
     pub chain_tail: Option<ChainHash>,
+    /// Delegation results journaled as digests.
+    pub digests: Vec<DigestRecord>,
+    /// Tool schemas loaded because the request's history called summarised tools.
+    pub tools_loaded: u64,
     /// The first upstream call.
     pub first_call: UpstreamCall,
 }
@@ -288,6 +315,8 @@ pub struct AnswerEffects {
     pub expired_entries: u64,
     /// What elision moved off-window: each artifact with the text it must read back as.
     pub offloaded: Vec<(ArtifactRef, String)>,
+    /// Tool schemas the model loaded with `strata_load_tools`.
+    pub tools_loaded: u64,
 }
 
 /// One entry as `GET /strata/v1/entries` lists it.
@@ -357,6 +386,16 @@ pub struct SessionEngine {
     corrupt_state: Vec<CorruptState>,
     /// A compaction waiting for the host's model summariser.
     asked: Option<CompactionAsk>,
+    /// Which client tools have their full schema.
+    tool_view: ToolView,
+    /// The client's tools as last presented (re-shaped when the view grows).
+    client_tools: Vec<Value>,
+    /// The configured and client tools in their stable order, unshaped.
+    ordered_tools: Vec<Value>,
+    /// The tool block at the last shaping.
+    tool_stats: ToolBlockStats,
+    /// The request text the tools were last ranked against.
+    ranked_query: String,
 }
 
 /// The files a group commit fsyncs, and the write count it covers.
@@ -395,6 +434,7 @@ const CALIBRATION_FILE: &str = "calibration.json";
 const REGISTRY_FILE: &str = "tool-registry.json";
 const ELIDED_FILE: &str = "elided.json";
 const EXPIRED_FILE: &str = "expired.json";
+const TOOL_VIEW_FILE: &str = "tool-view.json";
 
 impl SessionEngine {
     /// Opens the agent's data directory: the journal at its root (taking the writer lock), artifacts
@@ -462,6 +502,8 @@ impl SessionEngine {
         corrupt.extend(damaged);
         let (ledger, damaged): (LifecycleLedger, _) = state.read(LIFECYCLE_FILE)?;
         corrupt.extend(damaged);
+        let (tool_view, damaged): (ToolView, _) = state.read(TOOL_VIEW_FILE)?;
+        corrupt.extend(damaged);
         for (digest, at_ms) in &ledger.swept {
             store.mark_swept(digest, *at_ms);
         }
@@ -501,6 +543,11 @@ impl SessionEngine {
             tenant: settings.tenant.clone(),
             corrupt_state: corrupt,
             asked: None,
+            tool_view,
+            client_tools: Vec::new(),
+            ordered_tools: Vec::new(),
+            tool_stats: ToolBlockStats::default(),
+            ranked_query: String::new(),
         };
         engine.prepare_prefix(settings, "", &[])?;
         engine.rebuild_window(settings)?;
@@ -813,6 +860,9 @@ impl SessionEngine {
         if self.prefix_inputs == Some(inputs) {
             return Ok(());
         }
+        if client_tools != self.client_tools.as_slice() {
+            self.client_tools = client_tools.to_vec();
+        }
         let configured = &settings.stable_prefix;
         let mut combined: Vec<Value> =
             configured.tools.iter().map(|tool| to_api_shape(self.api, tool)).collect();
@@ -828,8 +878,13 @@ impl SessionEngine {
                 .cloned(),
         );
         let mut registry = self.registry.clone();
-        let mut ordered: Vec<Value> = registry.arrange(&combined)?.into_iter().cloned().collect();
+        let arranged: Vec<Value> = registry.arrange(&combined)?.into_iter().cloned().collect();
+        let mut ordered = self.shape_tools(settings, &arranged)?;
+        self.ordered_tools = arranged;
         ordered.extend(memory_tools(self.api));
+        if self.tool_stats.lazy {
+            ordered.push(load_tools_tool(self.api));
+        }
         let system_prompt = [configured.system_prompt.as_str(), self.system_split.stable.as_str()]
             .iter()
             .filter(|text| !text.trim().is_empty())
@@ -970,20 +1025,33 @@ impl SessionEngine {
         let mut artifact_refs = Vec::new();
         for result in &turn.content.tool_results {
             let output = redact(&result.output);
-            let outcome = spill(&output, &settings.spill, &self.store, &settings.tenant)?;
-            if let Some(data_ref) = outcome.data_ref {
-                out.spilled_bytes += output.len() as u64;
-                out.offloaded.push((data_ref.clone(), output.clone()));
-                artifact_refs.push(data_ref);
-            }
-            counted.push('\n');
-            counted.push_str(&outcome.window_text);
             let name =
                 result.name.clone().or_else(|| self.ledger.tool_name(&result.call_id).map(str::to_owned));
+            let delegation = name.as_deref().filter(|name| settings.delegation.is_delegation(name));
+            let window_text = match delegation {
+                Some(tool) => {
+                    let (text, data_ref, record) = self.digest_result(settings, tool, &output)?;
+                    out.digests.push(record);
+                    out.offloaded.push((data_ref.clone(), output.clone()));
+                    artifact_refs.push(data_ref);
+                    text
+                }
+                None => {
+                    let outcome = spill(&output, &settings.spill, &self.store, &settings.tenant)?;
+                    if let Some(data_ref) = outcome.data_ref {
+                        out.spilled_bytes += output.len() as u64;
+                        out.offloaded.push((data_ref.clone(), output.clone()));
+                        artifact_refs.push(data_ref);
+                    }
+                    outcome.window_text
+                }
+            };
+            counted.push('\n');
+            counted.push_str(&window_text);
             content.tool_results.push(ToolResult {
                 call_id: result.call_id.clone(),
                 name,
-                output: outcome.window_text,
+                output: window_text,
             });
         }
         let tool_name = content
@@ -1006,6 +1074,148 @@ impl SessionEngine {
         };
         out.drafts.push(draft);
         Ok(())
+    }
+
+    /// A delegation's result as the parent sees it: the full result goes to the artifact store and
+    /// the window gets its digest, held to the parent-return budget.
+    fn digest_result(
+        &self,
+        settings: &SessionSettings,
+        tool: &str,
+        output: &str,
+    ) -> Result<(String, ArtifactRef, DigestRecord), EngineError> {
+        let data_ref = self.store.put(&settings.tenant, output.as_bytes())?;
+        let full_tokens = u64::from(self.counter.count(output));
+        let digest = ExpertDigest::of_result(tool, output);
+        let budget = settings.delegation.return_tokens;
+        let rendered =
+            digest.render(&data_ref, full_tokens, budget, |text| u64::from(self.counter.count(text)));
+        let record = DigestRecord {
+            tool: tool.to_owned(),
+            source: digest.source,
+            full_tokens,
+            return_tokens: u64::from(self.counter.count(&rendered.text)),
+            omitted_items: rendered.omitted_items,
+            data_ref: data_ref.to_string(),
+        };
+        Ok((rendered.text, data_ref, record))
+    }
+
+    /// The configured and client tools as sent: in full under the lazy threshold, otherwise the
+    /// view's full schemas and summaries (the first selection runs here). Records the block's stats.
+    fn shape_tools(
+        &mut self,
+        settings: &SessionSettings,
+        arranged: &[Value],
+    ) -> Result<Vec<Value>, EngineError> {
+        let policy = &settings.lazy_tools;
+        let count = |tools: &[Value]| -> u64 {
+            tools.iter().map(|tool| u64::from(self.counter.count(&tool.to_string()))).sum()
+        };
+        let full_tokens = count(arranged);
+        if policy.threshold_tokens == 0 || full_tokens <= policy.threshold_tokens {
+            self.tool_stats = ToolBlockStats {
+                lazy: false,
+                full: arranged.len() as u64,
+                summarised: 0,
+                sent_tokens: full_tokens,
+                full_tokens,
+            };
+            return Ok(arranged.to_vec());
+        }
+        if !self.tool_view.initialised {
+            let used = self.used_tool_names();
+            self.tool_view.initialise(arranged, &self.ranked_query, used, policy);
+            self.state.write(TOOL_VIEW_FILE, &self.tool_view)?;
+        }
+        let shaped = self.tool_view.shape(self.api, arranged);
+        let summarised = arranged
+            .iter()
+            .filter(|tool| {
+                crate::prefix::tool_name(tool).is_some_and(|name| !self.tool_view.full.contains(name))
+            })
+            .count() as u64;
+        self.tool_stats = ToolBlockStats {
+            lazy: true,
+            full: arranged.len() as u64 - summarised,
+            summarised,
+            sent_tokens: count(&shaped),
+            full_tokens,
+        };
+        Ok(shaped)
+    }
+
+    /// Names of every tool the journal shows called or answered.
+    fn used_tool_names(&self) -> Vec<String> {
+        let mut names: Vec<String> = Vec::new();
+        for entry in self.journal.entries() {
+            let called = entry.content.tool_calls.iter().map(|call| call.name.as_str());
+            let answered = entry.content.tool_results.iter().filter_map(|result| result.name.as_deref());
+            for name in called.chain(answered) {
+                if !names.iter().any(|known| known == name) {
+                    names.push(name.to_owned());
+                }
+            }
+        }
+        names
+    }
+
+    /// A new request text: remembered for the first selection, and, once schemas are lazy, a
+    /// batch of the tools it ranks highest when enough of them are summarised.
+    fn rank_tools(&mut self, settings: &SessionSettings, query: &str) -> Result<(), EngineError> {
+        if query == self.ranked_query {
+            return Ok(());
+        }
+        query.clone_into(&mut self.ranked_query);
+        if self.tool_stats.lazy
+            && self.tool_view.initialised
+            && self.tool_view.rerank(&self.ordered_tools, query, &settings.lazy_tools)
+        {
+            self.state.write(TOOL_VIEW_FILE, &self.tool_view)?;
+            self.prefix_inputs = None;
+        }
+        Ok(())
+    }
+
+    /// Tools the model called in `output` that it saw only summarised (the gateway loads their
+    /// schemas and retries the call).
+    pub fn summarised_calls(&self, output: &AssistantOutput) -> Vec<String> {
+        if !self.tool_stats.lazy {
+            return Vec::new();
+        }
+        let mut names: Vec<String> = output
+            .tool_calls
+            .iter()
+            .map(|call| call.name.clone())
+            .filter(|name| self.tool_view.is_summarised(&self.ordered_tools, name))
+            .collect();
+        names.dedup();
+        names
+    }
+
+    /// Gives `names` their full schema (one batch, one cache rewrite) and rebuilds Tier 1 for the
+    /// next call. Returns the names loaded (those offered and still summarised).
+    pub fn load_tools(
+        &mut self,
+        settings: &SessionSettings,
+        names: &[String],
+    ) -> Result<Vec<String>, EngineError> {
+        if names.is_empty() || !self.tool_stats.lazy {
+            return Ok(Vec::new());
+        }
+        let loaded = self.tool_view.load(&self.ordered_tools, names);
+        if !loaded.is_empty() {
+            self.state.write(TOOL_VIEW_FILE, &self.tool_view)?;
+            self.prefix_inputs = None;
+            let (system, tools) = (self.client_system.clone(), self.client_tools.clone());
+            self.prepare_prefix(settings, &system, &tools)?;
+        }
+        Ok(loaded)
+    }
+
+    /// The client's tools as last sent.
+    pub fn tool_stats(&self) -> ToolBlockStats {
+        self.tool_stats
     }
 
     /// The context status now.
@@ -1141,6 +1351,7 @@ impl SessionEngine {
             sections,
             breakpoints: packet.breakpoints.len(),
             churn: std::mem::replace(&mut self.pending_churn, ChurnCause::None),
+            tools: self.tool_stats,
         };
         Ok(call)
     }
@@ -1259,13 +1470,20 @@ impl SessionEngine {
             self.tenant.clone_from(&settings.tenant);
         }
         self.refresh(settings, false)?;
+        self.rank_tools(settings, latest_user_text(&request.turns))?;
         self.prepare_prefix(settings, &request.system_text, &request.tools)?;
         let (first_new, chains, rewind) = self.place_turns(&request.turns, transparent, now_ms)?;
         let mut drafted = Drafts::default();
         for turn in &request.turns[first_new..] {
             self.draft(settings, turn, now_ms, &mut drafted)?;
         }
-        let Drafts { drafts, spilled_bytes, offloaded } = drafted;
+        let Drafts { drafts, spilled_bytes, offloaded, digests } = drafted;
+        let called_summarised: Vec<String> = drafts
+            .iter()
+            .flat_map(|draft| draft.content.tool_calls.iter())
+            .map(|call| call.name.clone())
+            .filter(|name| self.tool_stats.lazy && self.tool_view.is_summarised(&self.ordered_tools, name))
+            .collect();
         let estimated_tokens: u64 = drafts.iter().map(|draft| draft.tokens).sum();
         let admission = OperationRequest {
             operation_id,
@@ -1308,6 +1526,7 @@ impl SessionEngine {
                 u64::from(self.compact_in_process(settings, CompactionMode::Budget, reason, now_ms)?);
         }
         let chain_tail = transparent.then(|| chains.last().copied().unwrap_or([0; 32]));
+        let tools_loaded = self.load_tools(settings, &called_summarised)?.len() as u64;
         let first_call = self.next_call(settings, head)?;
         Ok(TurnOutcome::Admitted(Box::new(AdmittedTurn {
             new_entries,
@@ -1320,6 +1539,8 @@ impl SessionEngine {
             rewind,
             volatile_system: self.system_split.kinds.clone(),
             chain_tail,
+            digests,
+            tools_loaded,
             first_call,
         })))
     }
@@ -1385,6 +1606,7 @@ impl SessionEngine {
             offloaded,
             ..AnswerEffects::default()
         };
+        let loaded_before = self.tool_view.loaded_on_demand;
         for memory_call in &memory_calls {
             let outcome = memory_tools::execute(self, settings, memory_call, now_ms)?;
             effects.purges += u64::from(outcome.purged);
@@ -1401,6 +1623,7 @@ impl SessionEngine {
                 now_ms,
             )?;
         }
+        effects.tools_loaded = self.tool_view.loaded_on_demand - loaded_before;
         Ok(effects)
     }
 
@@ -1419,6 +1642,21 @@ impl SessionEngine {
             _ => Ok(()),
         }
     }
+}
+
+/// The text of the request's latest user message (what the tools are ranked against), at most
+/// 4,000 bytes.
+fn latest_user_text(turns: &[Turn]) -> &str {
+    let text = turns
+        .iter()
+        .rev()
+        .find(|turn| turn.role == Role::User && !turn.content.text.trim().is_empty())
+        .map_or("", |turn| turn.content.text.as_str());
+    let mut end = text.len().min(4_000);
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    &text[..end]
 }
 
 /// The prompt's cacheable units in order, as providers price them.

@@ -10,6 +10,7 @@ use crate::entry::{EntryId, ToolCall};
 use crate::purge::{PurgeRequest, purge};
 use crate::tool_output::{READ_OUTPUT_TOOL_NAME, ReadRequest, read_output};
 
+use super::capabilities::{LOAD_TOOLS_NAME, requested_names};
 use super::compacting::CompactionAsk;
 use super::engine::{EngineError, SessionEngine};
 use super::settings::SessionSettings;
@@ -58,6 +59,32 @@ pub fn execute(
                     .unwrap_or_else(|error| format!("strata_read_output failed: {error}"))
             }
             Err(error) => format!("strata_read_output: invalid arguments: {error}"),
+        };
+        return Ok(MemoryOutcome { output, purged: false, compacted: false });
+    }
+    if call.name == LOAD_TOOLS_NAME {
+        let output = match requested_names(&call.arguments_json) {
+            Ok(names) => {
+                let loaded = engine.load_tools(settings, &names)?;
+                let skipped: Vec<&String> = names.iter().filter(|name| !loaded.contains(name)).collect();
+                let mut output = if loaded.is_empty() {
+                    "No schema loaded.".to_owned()
+                } else {
+                    format!(
+                        "Loaded the full schemas of {}; they are in your tool list now.",
+                        loaded.join(", ")
+                    )
+                };
+                if !skipped.is_empty() {
+                    let skipped: Vec<&str> = skipped.iter().map(|name| name.as_str()).collect();
+                    output.push_str(&format!(
+                        " Not loaded (already full, or not a tool of this session): {}.",
+                        skipped.join(", ")
+                    ));
+                }
+                output
+            }
+            Err(problem) => format!("strata_load_tools: invalid arguments: {problem}"),
         };
         return Ok(MemoryOutcome { output, purged: false, compacted: false });
     }
