@@ -11,7 +11,10 @@ use serde_json::{Map, Value};
 use sha2::{Digest, Sha256};
 
 use crate::artifacts::{ArtifactError, ArtifactRef, ArtifactStore};
-use crate::budget::{Admission, BudgetExceeded, ContextBudget, ContextStatus, OperationId, OperationRequest};
+use crate::budget::stages::{SectionTokens, Stage, allocate};
+use crate::budget::{
+    Admission, BudgetExceeded, ContextBudget, ContextStatus, OperationId, OperationRequest, StageUsage,
+};
 use crate::compaction::CompactionMode;
 use crate::compiler::{
     BreakpointPlacement, CompileError, ContextCompiler, InclusionDecision, InclusionReason, Packet,
@@ -193,6 +196,8 @@ pub struct UpstreamCall {
     pub churn: ChurnCause,
     /// The client's tools as sent (full schemas and summaries).
     pub tools: ToolBlockStats,
+    /// Each section's budget and use, the output reserve first.
+    pub stages: Vec<StageUsage>,
 }
 
 /// The client's request as the engine takes it.
@@ -1352,6 +1357,16 @@ impl SessionEngine {
             breakpoints: packet.breakpoints.len(),
             churn: std::mem::replace(&mut self.pending_churn, ChurnCause::None),
             tools: self.tool_stats,
+            stages: allocate(
+                settings.limit,
+                &settings.budget,
+                &settings.stages,
+                settings.lazy_tools.threshold_tokens,
+                section_tokens(
+                    &packet,
+                    self.compiler.volatile_tokens() + u64::from(self.counter.count(&packet.telemetry)),
+                ),
+            ),
         };
         Ok(call)
     }
@@ -1545,10 +1560,104 @@ impl SessionEngine {
         })))
     }
 
-    /// Whether the context plus its reservations reached the compaction trigger.
+    /// Whether the context plus its reservations reached the compaction trigger, or the history
+    /// stage is over its ceiling.
     fn reached_trigger(&self, settings: &SessionSettings) -> bool {
         let used = self.compiler.context_tokens() + settings.reserved_tokens();
         used >= settings.limit * u64::from(settings.compaction_trigger_percent) / 100
+            || self.stage_over(settings, Stage::History)
+    }
+
+    /// Whether `stage` takes more than its allocation now.
+    fn stage_over(&self, settings: &SessionSettings, stage: Stage) -> bool {
+        let ceiling = match stage {
+            Stage::History => settings.stages.history_tokens,
+            Stage::ToolResults => settings.stages.tool_results_tokens,
+            _ => return false,
+        };
+        if ceiling == 0 {
+            return false;
+        }
+        let Ok(packet) = self.compiler.compile(settings.limit, settings.budget) else { return false };
+        allocate(
+            settings.limit,
+            &settings.budget,
+            &settings.stages,
+            settings.lazy_tools.threshold_tokens,
+            section_tokens(&packet, self.compiler.volatile_tokens()),
+        )
+        .iter()
+        .any(|usage| usage.stage == stage && usage.over)
+    }
+
+    /// Tool results over their stage ceiling are elided, oldest first, in one batch, until the
+    /// section fits (or nothing elidable is left). Returns what was elided and moved off-window.
+    fn enforce_tool_results_budget(
+        &mut self,
+        settings: &SessionSettings,
+    ) -> Result<(Treated, Offloaded), EngineError> {
+        if !self.stage_over(settings, Stage::ToolResults) {
+            return Ok((Treated::default(), Vec::new()));
+        }
+        let packet = self.compiler.compile(settings.limit, settings.budget)?;
+        let allocated = allocate(
+            settings.limit,
+            &settings.budget,
+            &settings.stages,
+            settings.lazy_tools.threshold_tokens,
+            section_tokens(&packet, self.compiler.volatile_tokens()),
+        )
+        .into_iter()
+        .find(|usage| usage.stage == Stage::ToolResults)
+        .map_or(0, |usage| usage.used.saturating_sub(usage.allocated));
+        let candidates: BTreeMap<EntryId, u64> = packet
+            .entries
+            .iter()
+            .filter(|entry| {
+                entry.included
+                    && entry.id.kind() == EntryKind::ToolResult
+                    && entry.reason == InclusionReason::Journal
+            })
+            .map(|entry| (entry.id, entry.tokens))
+            .collect();
+        let mut over = allocated;
+        let mut batch = BTreeMap::new();
+        let mut offloaded = Vec::new();
+        let mut saved = 0;
+        for entry in self.journal.entries() {
+            if over == 0 {
+                break;
+            }
+            let Some(&tokens) = candidates.get(&entry.id) else { continue };
+            let (content, refs) = elide_entry(entry, &settings.elision, &self.store, &settings.tenant)?;
+            if refs.is_empty() {
+                continue;
+            }
+            for (data_ref, result) in refs.into_iter().zip(&entry.content.tool_results) {
+                offloaded.push((data_ref, result.output.clone()));
+            }
+            let treatment = Self::elision_treatment(&content);
+            let kept = match &treatment {
+                Treatment::Replace { text, .. } => u64::from(self.counter.count(text)),
+                Treatment::Omit => 0,
+            };
+            let entry_saved = tokens.saturating_sub(kept);
+            saved += entry_saved;
+            over = over.saturating_sub(entry_saved);
+            batch.insert(entry.id, treatment);
+        }
+        if batch.is_empty() {
+            return Ok((Treated::default(), Vec::new()));
+        }
+        let treated = Treated { entries: batch.len() as u64, tokens: saved };
+        self.elided.extend(batch.keys().copied());
+        self.compiler.apply_treatments(batch, self.journal.entries(), &self.counter)?;
+        self.tier2_epoch += 1;
+        if self.pending_churn == ChurnCause::None {
+            self.pending_churn = ChurnCause::HistoryRewrite;
+        }
+        self.state.write(ELIDED_FILE, &Some(&self.elided))?;
+        Ok((treated, offloaded))
     }
 
     /// Automatic compaction (Budget at the trigger, Emergency before a block); returns whether the
@@ -1595,7 +1704,11 @@ impl SessionEngine {
             self.observe_usage(call.status.tokens, usage.prompt_tokens)?;
         }
         let expired = self.expire_ephemeral(settings, now_ms)?;
-        let (elided, offloaded) = self.elide_old_results(settings)?;
+        let (mut elided, mut offloaded) = self.elide_old_results(settings)?;
+        let (budget_elided, budget_offloaded) = self.enforce_tool_results_budget(settings)?;
+        elided.entries += budget_elided.entries;
+        elided.tokens += budget_elided.tokens;
+        offloaded.extend(budget_offloaded);
         let mut effects = AnswerEffects {
             internal: !memory_calls.is_empty() && memory_calls.len() == output.tool_calls.len(),
             memory_calls: memory_calls.iter().map(|c| c.name.clone()).collect(),
@@ -1657,6 +1770,27 @@ fn latest_user_text(turns: &[Turn]) -> &str {
         end -= 1;
     }
     &text[..end]
+}
+
+/// Tokens of each section of `packet` (`tail` is the volatile lines and the telemetry, counted as
+/// history).
+fn section_tokens(packet: &Packet<'_>, tail: u64) -> SectionTokens {
+    use crate::prefix::SectionClass;
+    let mut tokens = SectionTokens { history: tail, ..SectionTokens::default() };
+    for section in &packet.prefix.manifest().sections {
+        match section.class {
+            SectionClass::Tools => tokens.tools += u64::from(section.tokens),
+            SectionClass::System | SectionClass::Constants => tokens.system += u64::from(section.tokens),
+        }
+    }
+    for entry in packet.entries.iter().filter(|entry| entry.included) {
+        match entry.id.kind() {
+            EntryKind::Summary => tokens.memory += entry.tokens,
+            EntryKind::ToolResult => tokens.tool_results += entry.tokens,
+            _ => tokens.history += entry.tokens,
+        }
+    }
+    tokens
 }
 
 /// The prompt's cacheable units in order, as providers price them.

@@ -1,7 +1,7 @@
 //! The engine's knobs: one value derived from the effective policy by the binary, the same for the
 //! gateway, `strata compact` and `strata replay`.
 
-use crate::budget::BudgetPolicy;
+use crate::budget::{BudgetPolicy, StageBudgets};
 use crate::compaction::CompactionSettings;
 use crate::compiler::BreakpointPlacement;
 use crate::delegation::DelegationPolicy;
@@ -63,8 +63,10 @@ pub struct SessionSettings {
     pub volume: VolumeRetention,
     /// Delegation tools and their parent-return budget.
     pub delegation: DelegationPolicy,
-    /// Lazy tool schemas.
+    /// Lazy tool schemas (their threshold is the tools stage's ceiling).
     pub lazy_tools: LazyToolsPolicy,
+    /// Per-section ceilings after the output reserve.
+    pub stages: StageBudgets,
 }
 
 impl SessionSettings {
@@ -93,6 +95,7 @@ impl SessionSettings {
             volume: VolumeRetention::default(),
             delegation: DelegationPolicy::default(),
             lazy_tools: LazyToolsPolicy::default(),
+            stages: StageBudgets::default(),
         }
     }
 
