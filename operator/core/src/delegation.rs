@@ -210,9 +210,9 @@ impl ExpertDigest {
     }
 
     /// Renders the digest for the parent within `budget` tokens (`count` counts a text's tokens):
-    /// items are dropped from the end of the least important list first (artifacts, then
-    /// findings, decisions and open questions last) until it fits; the header names the full
-    /// result's `data_ref` and how many items were left out.
+    /// each list keeps its leading items while they fit, open questions first, then decisions,
+    /// findings and artifacts; the header names the full result's `data_ref` and how many items
+    /// were left out.
     pub fn render(
         &self,
         full_ref: &ArtifactRef,
@@ -220,15 +220,41 @@ impl ExpertDigest {
         budget: u64,
         count: impl Fn(&str) -> u64,
     ) -> RenderedDigest {
-        let mut digest = self.clone();
-        let mut omitted = 0;
+        let total =
+            self.findings.len() + self.decisions.len() + self.open_questions.len() + self.artifacts.len();
+        let mut digest = ExpertDigest {
+            findings: Vec::new(),
+            decisions: Vec::new(),
+            open_questions: Vec::new(),
+            artifacts: Vec::new(),
+            ..self.clone()
+        };
+        // Room for the line that says how many items were left out.
+        let mut used = count(&digest.text(full_ref, full_tokens, budget, total)) + 8;
+        let mut fits = |line: &str| {
+            let tokens = count(line) + 1;
+            (used + tokens <= budget).then(|| used += tokens).is_some()
+        };
+        digest.open_questions = self.open_questions.iter().take_while(|q| fits(q)).cloned().collect();
+        digest.decisions = self.decisions.iter().take_while(|d| fits(d)).cloned().collect();
+        digest.findings = self
+            .findings
+            .iter()
+            .take_while(|f| fits(&format!("{} (evidence: {})", f.claim, f.evidence_refs.join(", "))))
+            .cloned()
+            .collect();
+        digest.artifacts = self.artifacts.iter().take_while(|a| fits(a)).cloned().collect();
         loop {
+            let omitted = total - digest.item_count();
             let text = digest.text(full_ref, full_tokens, budget, omitted);
             if count(&text) <= budget || !digest.drop_one() {
                 return RenderedDigest { text, omitted_items: omitted };
             }
-            omitted += 1;
         }
+    }
+
+    fn item_count(&self) -> usize {
+        self.findings.len() + self.decisions.len() + self.open_questions.len() + self.artifacts.len()
     }
 
     fn drop_one(&mut self) -> bool {

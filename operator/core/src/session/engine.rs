@@ -13,7 +13,8 @@ use sha2::{Digest, Sha256};
 use crate::artifacts::{ArtifactError, ArtifactRef, ArtifactStore};
 use crate::budget::stages::{SectionTokens, Stage, allocate};
 use crate::budget::{
-    Admission, BudgetExceeded, ContextBudget, ContextStatus, OperationId, OperationRequest, StageUsage,
+    Admission, BudgetExceeded, ContextBudget, ContextStatus, MaxTokensClamp, OperationId, OperationRequest,
+    StageUsage, clamp_max_tokens,
 };
 use crate::compaction::CompactionMode;
 use crate::compiler::{
@@ -198,6 +199,8 @@ pub struct UpstreamCall {
     pub tools: ToolBlockStats,
     /// Each section's budget and use, the output reserve first.
     pub stages: Vec<StageUsage>,
+    /// The client's `max_tokens`, when it was above the output reserve and lowered to it.
+    pub max_tokens_clamp: Option<MaxTokensClamp>,
 }
 
 /// The client's request as the engine takes it.
@@ -1313,6 +1316,8 @@ impl SessionEngine {
         settings: &SessionSettings,
         head: Map<String, Value>,
     ) -> Result<UpstreamCall, EngineError> {
+        let mut head = head;
+        let max_tokens_clamp = clamp_max_tokens(&mut head, settings.budget.reserved_completion_tokens);
         let packet = self.compiler.compile(settings.limit, settings.budget)?;
         self.assembly.check_epoch(self.tier2_epoch);
         let (fragments, assembly, ledger) = (&mut self.fragments, &mut self.assembly, &self.ledger);
@@ -1367,6 +1372,7 @@ impl SessionEngine {
                     self.compiler.volatile_tokens() + u64::from(self.counter.count(&packet.telemetry)),
                 ),
             ),
+            max_tokens_clamp,
         };
         Ok(call)
     }
