@@ -44,6 +44,16 @@ pub enum DigestSource {
     Extractive,
 }
 
+impl DigestSource {
+    /// Label value for metrics.
+    pub fn label(self) -> &'static str {
+        match self {
+            DigestSource::Structured => "structured",
+            DigestSource::Extractive => "extractive",
+        }
+    }
+}
+
 /// One finding with the references that support it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]

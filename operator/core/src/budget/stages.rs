@@ -40,6 +40,20 @@ pub enum Stage {
     History,
 }
 
+impl Stage {
+    /// Label value for metrics.
+    pub fn label(self) -> &'static str {
+        match self {
+            Stage::OutputReserve => "output_reserve",
+            Stage::System => "system",
+            Stage::Tools => "tools",
+            Stage::Memory => "memory",
+            Stage::ToolResults => "tool_results",
+            Stage::History => "history",
+        }
+    }
+}
+
 /// How a section over its ceiling is brought back, or that it is only reported.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "snake_case")]
