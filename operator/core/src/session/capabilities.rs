@@ -18,8 +18,7 @@ use super::turn::Api;
 pub const LOAD_TOOLS_NAME: &str = "strata_load_tools";
 
 /// Marker ending every summarised tool's description.
-const SUMMARY_MARKER: &str =
-    "[schema summarised: call strata_load_tools with this name to load its parameters]";
+const SUMMARY_MARKER: &str = "[schema summarised; strata_load_tools loads it]";
 
 /// When tool schemas are summarised, and how many get their full schema up front.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]

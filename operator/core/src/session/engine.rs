@@ -1033,8 +1033,11 @@ impl SessionEngine {
         let mut artifact_refs = Vec::new();
         for result in &turn.content.tool_results {
             let output = redact(&result.output);
-            let name =
-                result.name.clone().or_else(|| self.ledger.tool_name(&result.call_id).map(str::to_owned));
+            let name = result
+                .name
+                .clone()
+                .or_else(|| self.ledger.tool_name(&result.call_id).map(str::to_owned))
+                .or_else(|| called_in(&out.drafts, &result.call_id));
             let delegation = name.as_deref().filter(|name| settings.delegation.is_delegation(name));
             let window_text = match delegation {
                 Some(tool) => {
@@ -1761,6 +1764,17 @@ impl SessionEngine {
             _ => Ok(()),
         }
     }
+}
+
+/// The name of the tool called as `call_id` by one of `drafts` (a call and its result arriving in
+/// the same request).
+fn called_in(drafts: &[EntryDraft], call_id: &str) -> Option<String> {
+    drafts
+        .iter()
+        .rev()
+        .flat_map(|draft| draft.content.tool_calls.iter())
+        .find(|call| call.call_id == call_id)
+        .map(|call| call.name.clone())
 }
 
 /// The text of the request's latest user message (what the tools are ranked against), at most
