@@ -564,13 +564,13 @@ pub(crate) fn replay_strata_with(
         let mut first_call = admitted.first_call;
         let mut blocks = engine.prompt_blocks(&settings).map_err(|e| fail(call, e.to_string()))?;
         let mut cost = cache.price(&blocks, now);
-        report.schemas.loaded_on_demand += admitted.tools_loaded;
-        // The model called a tool it saw only summarised: the gateway loads the schemas and
-        // calls again, so the call is paid twice (the second against the cache the first warmed).
-        let summarised = engine.summarised_calls(&answer);
-        if !summarised.is_empty() {
-            let loaded = engine.load_tools(&settings, &summarised).map_err(|e| fail(call, e.to_string()))?;
-            report.schemas.loaded_on_demand += loaded.len() as u64;
+        // The model called a tool it saw only summarised: the gateway delivers the schemas in the
+        // history and calls again, so the call is paid twice (the second against the cache the
+        // first warmed).
+        let delivered =
+            engine.deliver_schemas(&settings, &answer, now).map_err(|e| fail(call, e.to_string()))?;
+        if !delivered.is_empty() {
+            report.schemas.loaded_on_demand += delivered.len() as u64;
             report.schemas.retries += 1;
             first_call =
                 engine.next_call(&settings, options.head.clone()).map_err(|e| fail(call, e.to_string()))?;

@@ -1,9 +1,10 @@
 //! Lazy capability schemas (GCS §17.14, seed 002 items 7–8): over a token threshold, tools the
 //! session has not needed are sent as compact summaries (name and one line); a deterministic
 //! lexical ranking against the request, and every tool used before, pick the tools that get their
-//! full schema. The set of full schemas only grows, in rare batches (the first request, a model's
-//! `strata_load_tools`, a call of a summarised tool, a new request that wants several summarised
-//! tools at once), and the tools keep their order.
+//! full schema in the tool block. The block only grows, in rare batches (the first request, a new
+//! request that wants several summarised tools at once), and the tools keep their order. A schema
+//! the model needs between batches (`strata_load_tools`, or a call of a summarised tool) is
+//! delivered as a tool result appended to the history, which leaves the cached prompt intact.
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -48,6 +49,9 @@ pub struct ToolView {
     pub initialised: bool,
     /// Tools with their full schema.
     pub full: BTreeSet<String>,
+    /// Summarised tools whose full schema was delivered in the history.
+    #[serde(default)]
+    pub delivered: BTreeSet<String>,
     /// Schemas loaded on the model's demand (`strata_load_tools` or a call of a summarised tool).
     pub loaded_on_demand: u64,
 }
@@ -196,23 +200,31 @@ impl ToolView {
         true
     }
 
-    /// Gives `names` (those among `tools` and still summarised) their full schema, on the model's
-    /// demand. Returns the names loaded.
-    pub fn load(&mut self, tools: &[Value], names: &[String]) -> Vec<String> {
-        let offered: BTreeSet<&str> = tools.iter().filter_map(tool_name).collect();
+    /// The full schemas of `names` (those among `tools` sent as a summary), on the model's
+    /// demand, in the order asked; they count as delivered from now on.
+    pub fn load<'t>(&mut self, tools: &'t [Value], names: &[String]) -> Vec<&'t Value> {
         let mut loaded = Vec::new();
         for name in names {
-            if offered.contains(name.as_str()) && self.full.insert(name.clone()) {
-                loaded.push(name.clone());
+            if self.full.contains(name) {
+                continue;
+            }
+            if let Some(tool) = tools.iter().find(|tool| tool_name(tool) == Some(name.as_str())) {
+                if self.delivered.insert(name.clone()) {
+                    self.loaded_on_demand += 1;
+                }
+                if !loaded.iter().any(|known: &&Value| tool_name(known) == Some(name.as_str())) {
+                    loaded.push(tool);
+                }
             }
         }
-        self.loaded_on_demand += loaded.len() as u64;
         loaded
     }
 
-    /// Whether `name` is sent as a summary.
-    pub fn is_summarised(&self, tools: &[Value], name: &str) -> bool {
-        !self.full.contains(name) && tools.iter().any(|tool| tool_name(tool) == Some(name))
+    /// Whether `name` is sent as a summary and its schema was never delivered.
+    pub fn is_unseen(&self, tools: &[Value], name: &str) -> bool {
+        !self.full.contains(name)
+            && !self.delivered.contains(name)
+            && tools.iter().any(|tool| tool_name(tool) == Some(name))
     }
 
     /// `tools` (in their order) as sent: full schemas for the selected, summaries for the rest.
@@ -225,6 +237,30 @@ impl ToolView {
             })
             .collect()
     }
+}
+
+/// The `strata_load_tools` answer for `loaded` (full schemas in `api`'s shape) and the names
+/// asked for that are not summarised tools of the session.
+pub fn load_answer(api: Api, loaded: &[&Value], skipped: &[&str]) -> String {
+    let mut answer = if loaded.is_empty() {
+        "No schema loaded.".to_owned()
+    } else {
+        let names: Vec<&str> = loaded.iter().filter_map(|tool| tool_name(tool)).collect();
+        let schemas: Vec<Value> =
+            loaded.iter().map(|tool| super::tool_schema::to_api_shape(api, tool)).collect();
+        format!(
+            "Full schemas of {} (call the tools with these parameters):\n{}",
+            names.join(", "),
+            Value::Array(schemas)
+        )
+    };
+    if !skipped.is_empty() {
+        answer.push_str(&format!(
+            "\nNot loaded (already in full in your tool list, or not a tool of this session): {}.",
+            skipped.join(", ")
+        ));
+    }
+    answer
 }
 
 /// Names in a `strata_load_tools` call's arguments.
@@ -277,9 +313,12 @@ mod tests {
         assert_eq!(names, ["Bash", "WebFetch", "mcp__github__create_issue", "Read"]);
         assert!(shaped[3]["description"].as_str().unwrap().contains("schema summarised"));
         assert_eq!(shaped[0], tools()[0]);
-        assert!(view.is_summarised(&tools(), "Read"));
-        assert_eq!(view.load(&tools(), &["Read".into(), "Nope".into(), "Bash".into()]), ["Read"]);
+        assert!(view.is_unseen(&tools(), "Read"));
+        let tools = tools();
+        let loaded = view.load(&tools, &["Read".into(), "Nope".into(), "Bash".into()]);
+        assert_eq!(loaded, [&tools[3]], "only a summarised tool is loaded");
         assert_eq!(view.loaded_on_demand, 1);
-        assert!(!view.is_summarised(&tools(), "Read"));
+        assert!(!view.is_unseen(&tools, "Read"));
+        assert_eq!(view.shape(Api::Anthropic, &tools), shaped, "loading leaves the tool block alone");
     }
 }

@@ -246,8 +246,6 @@ pub struct AdmittedTurn {
     pub chain_tail: Option<ChainHash>,
     /// Delegation results journaled as digests.
     pub digests: Vec<DigestRecord>,
-    /// Tool schemas loaded because the request's history called summarised tools.
-    pub tools_loaded: u64,
     /// The first upstream call.
     pub first_call: UpstreamCall,
 }
@@ -1198,30 +1196,65 @@ impl SessionEngine {
             .tool_calls
             .iter()
             .map(|call| call.name.clone())
-            .filter(|name| self.tool_view.is_summarised(&self.ordered_tools, name))
+            .filter(|name| self.tool_view.is_unseen(&self.ordered_tools, name))
             .collect();
         names.dedup();
         names
     }
 
-    /// Gives `names` their full schema (one batch, one cache rewrite) and rebuilds Tier 1 for the
-    /// next call. Returns the names loaded (those offered and still summarised).
-    pub fn load_tools(
+    /// The `strata_load_tools` answer for `names`: the full schemas of those sent as a summary
+    /// (they count as delivered from now on), and the count loaded. The tool block is left alone,
+    /// so the cached prompt stays valid.
+    pub(super) fn load_tools(&mut self, names: &[String]) -> Result<(String, usize), EngineError> {
+        let loaded = self.tool_view.load(&self.ordered_tools, names);
+        let loaded_names: Vec<&str> =
+            loaded.iter().filter_map(|tool| crate::prefix::tool_name(tool)).collect();
+        let skipped: Vec<&str> =
+            names.iter().map(String::as_str).filter(|name| !loaded_names.contains(name)).collect();
+        let answer = super::capabilities::load_answer(self.api, &loaded, &skipped);
+        let count = loaded.len();
+        self.state.write(TOOL_VIEW_FILE, &self.tool_view)?;
+        Ok((answer, count))
+    }
+
+    /// The model called tools in `output` it saw only summarised and never loaded: their schemas
+    /// are delivered as a `strata_load_tools` round appended to the history (the answer itself is
+    /// not journaled; the caller repeats the call). Returns the tools delivered.
+    pub fn deliver_schemas(
         &mut self,
         settings: &SessionSettings,
-        names: &[String],
+        output: &AssistantOutput,
+        now_ms: u64,
     ) -> Result<Vec<String>, EngineError> {
-        if names.is_empty() || !self.tool_stats.lazy {
-            return Ok(Vec::new());
+        let names = self.summarised_calls(output);
+        if names.is_empty() {
+            return Ok(names);
         }
-        let loaded = self.tool_view.load(&self.ordered_tools, names);
-        if !loaded.is_empty() {
-            self.state.write(TOOL_VIEW_FILE, &self.tool_view)?;
-            self.prefix_inputs = None;
-            let (system, tools) = (self.client_system.clone(), self.client_tools.clone());
-            self.prepare_prefix(settings, &system, &tools)?;
-        }
-        Ok(loaded)
+        let (answer, _) = self.load_tools(&names)?;
+        let call_id = format!("strata_load_{}", self.journal.next_entry_number());
+        let call = crate::entry::ToolCall {
+            call_id: call_id.clone(),
+            name: super::capabilities::LOAD_TOOLS_NAME.to_owned(),
+            arguments_json: serde_json::json!({ "names": names }).to_string(),
+        };
+        self.append_own(
+            settings,
+            Role::Assistant,
+            Content { tool_calls: vec![call], ..Content::default() },
+            now_ms,
+        )?;
+        let result = ToolResult {
+            call_id,
+            name: Some(super::capabilities::LOAD_TOOLS_NAME.to_owned()),
+            output: answer,
+        };
+        self.append_own(
+            settings,
+            Role::Tool,
+            Content { tool_results: vec![result], ..Content::default() },
+            now_ms,
+        )?;
+        Ok(names)
     }
 
     /// The client's tools as last sent.
@@ -1502,12 +1535,6 @@ impl SessionEngine {
             self.draft(settings, turn, now_ms, &mut drafted)?;
         }
         let Drafts { drafts, spilled_bytes, offloaded, digests } = drafted;
-        let called_summarised: Vec<String> = drafts
-            .iter()
-            .flat_map(|draft| draft.content.tool_calls.iter())
-            .map(|call| call.name.clone())
-            .filter(|name| self.tool_stats.lazy && self.tool_view.is_summarised(&self.ordered_tools, name))
-            .collect();
         let estimated_tokens: u64 = drafts.iter().map(|draft| draft.tokens).sum();
         let admission = OperationRequest {
             operation_id,
@@ -1550,7 +1577,6 @@ impl SessionEngine {
                 u64::from(self.compact_in_process(settings, CompactionMode::Budget, reason, now_ms)?);
         }
         let chain_tail = transparent.then(|| chains.last().copied().unwrap_or([0; 32]));
-        let tools_loaded = self.load_tools(settings, &called_summarised)?.len() as u64;
         let first_call = self.next_call(settings, head)?;
         Ok(TurnOutcome::Admitted(Box::new(AdmittedTurn {
             new_entries,
@@ -1564,7 +1590,6 @@ impl SessionEngine {
             volatile_system: self.system_split.kinds.clone(),
             chain_tail,
             digests,
-            tools_loaded,
             first_call,
         })))
     }

@@ -56,9 +56,6 @@ impl AdmittedTurn {
         if !self.digests.is_empty() {
             events.push(ContextEvent::Digest);
         }
-        if self.tools_loaded > 0 {
-            events.push(ContextEvent::SchemaLoad);
-        }
         events
     }
 }

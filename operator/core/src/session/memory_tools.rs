@@ -64,26 +64,7 @@ pub fn execute(
     }
     if call.name == LOAD_TOOLS_NAME {
         let output = match requested_names(&call.arguments_json) {
-            Ok(names) => {
-                let loaded = engine.load_tools(settings, &names)?;
-                let skipped: Vec<&String> = names.iter().filter(|name| !loaded.contains(name)).collect();
-                let mut output = if loaded.is_empty() {
-                    "No schema loaded.".to_owned()
-                } else {
-                    format!(
-                        "Loaded the full schemas of {}; they are in your tool list now.",
-                        loaded.join(", ")
-                    )
-                };
-                if !skipped.is_empty() {
-                    let skipped: Vec<&str> = skipped.iter().map(|name| name.as_str()).collect();
-                    output.push_str(&format!(
-                        " Not loaded (already full, or not a tool of this session): {}.",
-                        skipped.join(", ")
-                    ));
-                }
-                output
-            }
+            Ok(names) => engine.load_tools(&names)?.0,
             Err(problem) => format!("strata_load_tools: invalid arguments: {problem}"),
         };
         return Ok(MemoryOutcome { output, purged: false, compacted: false });

@@ -312,7 +312,7 @@ impl Metrics {
             tool_schemas_loaded: counter_vec(
                 &registry,
                 "strata_gateway_tool_schemas_loaded_total",
-                "Full tool schemas loaded on demand, by trigger: load_tool (the model called strata_load_tools), summarised_call (the model called a summarised tool; the call was retried), history (the client's history called one)",
+                "Full tool schemas delivered on demand in the history (the tool block is left alone), by trigger: load_tool (the model called strata_load_tools) or summarised_call (the model called a summarised tool; the call was retried)",
                 &["trigger"],
             )?,
             tool_schema_retries: counter(

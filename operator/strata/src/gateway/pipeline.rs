@@ -263,7 +263,6 @@ async fn prepare(
         gateway.metrics.delegation_tokens.with_label_values(&["full"]).inc_by(digest.full_tokens);
         gateway.metrics.delegation_tokens.with_label_values(&["returned"]).inc_by(digest.return_tokens);
     }
-    gateway.metrics.tool_schemas_loaded.with_label_values(&["history"]).inc_by(admitted.tools_loaded);
     Ok(Prepared {
         first_call: Some(first_call),
         chain_tail,
@@ -322,9 +321,10 @@ fn record_call_shape(metrics: &Metrics, call: &UpstreamCall) {
     }
 }
 
-/// The model called tools it saw only summarised: their schemas are loaded (the next compile
-/// sends them in full) and the round is dropped, to be repeated. Returns the tools loaded (none
-/// when schemas are not lazy, or every called tool had its schema).
+/// The model called tools it saw only summarised: their schemas are delivered in the history (a
+/// `strata_load_tools` round the engine appends) and the round's answer is dropped, to be
+/// repeated. Returns the call to record when nothing was delivered (schemas are not lazy, or every
+/// called tool had its schema), `None` when the round must be repeated.
 async fn load_summarised(
     gateway: &Gateway,
     prepared: &mut Prepared,
@@ -339,10 +339,7 @@ async fn load_summarised(
     let settings = Arc::clone(&prepared.settings);
     let answer = output.clone();
     let loaded = gateway
-        .with_engine(move |engine| {
-            let names = engine.summarised_calls(&answer);
-            engine.load_tools(&settings.session, &names)
-        })
+        .with_engine(move |engine| engine.deliver_schemas(&settings.session, &answer, now_ms()))
         .await?;
     if loaded.is_empty() {
         return Ok(Some(call));
