@@ -8,8 +8,14 @@ use serde_json::{Map, Value, json};
 
 use crate::tokens::TokenCounter;
 
+/// A parameter: name, JSON type, description.
+type Parameter = (&'static str, &'static str, &'static str);
+
+/// A tool: name, description, parameters.
+type ToolSpec = (&'static str, &'static str, &'static [Parameter]);
+
 /// The tools the corpus's coding-agent sessions call, each with its purpose and parameters.
-const CORE_TOOLS: &[(&str, &str, &[(&str, &str, &str)])] = &[
+const CORE_TOOLS: &[ToolSpec] = &[
     (
         "Bash",
         "Run a shell command in a persistent session and return its standard output and error. \
