@@ -39,6 +39,73 @@ pub struct PolicySpec {
     /// records) are kept before the gateway's sweeper deletes them.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub volume: Option<VolumeSpec>,
+    /// Lazy tool schemas: which tools get their full schema while the tools are over
+    /// `budget.stages.toolsTokens`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub capabilities: Option<CapabilitiesSpec>,
+    /// Delegation tools (sub-agents) whose results reach the parent as bounded digests.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub delegation: Option<DelegationSpec>,
+}
+
+/// Per-section token ceilings, allocated after the output reserve in this order: system, tools,
+/// memory, tool results, history. 0 means no ceiling of its own (the section takes what the
+/// sections before it left).
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, KubeSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct StageBudgetsSpec {
+    /// The stable system prompt; over it is reported (a client's system prompt is never cut). Default 0.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 0, max = 10_000_000))]
+    pub system_tokens: Option<u32>,
+    /// Tool schemas; over it, tools the session has not needed are sent as one-line summaries
+    /// (lazy schemas); 0 sends every schema in full. Default 8000.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 0, max = 10_000_000))]
+    pub tools_tokens: Option<u32>,
+    /// Summaries of compacted and purged history; over it is reported. Default 0.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 0, max = 10_000_000))]
+    pub memory_tokens: Option<u32>,
+    /// Tool results in the window; over it, the oldest are elided to their head and a data_ref. Default 0.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 0, max = 10_000_000))]
+    pub tool_results_tokens: Option<u32>,
+    /// The rest of the conversation; over it, the history is compacted (with automatic compaction on). Default 0.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 0, max = 10_000_000))]
+    pub history_tokens: Option<u32>,
+}
+
+/// Lazy tool schemas (GCS §17.14).
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, KubeSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct CapabilitiesSpec {
+    /// Tools given their full schema up front by a lexical ranking of names and descriptions
+    /// against the request (besides every tool the session used). Default 6.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 0, max = 1_000))]
+    pub full_schema_tools: Option<u32>,
+    /// A new request loads the schemas its ranking wants only when at least this many are still
+    /// summarised: one cache rewrite per batch. Default 3.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = 1_000))]
+    pub batch_tools: Option<u32>,
+}
+
+/// Delegation results (GCS §17.13).
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, KubeSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct DelegationSpec {
+    /// Names of the tools that run a sub-agent. Default Task, task and delegate_task.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 64))]
+    pub tools: Option<Vec<String>>,
+    /// Tokens a delegation's digest may take in the parent's context; the full result stays
+    /// readable by its data_ref. Default 2000.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 64, max = 1_000_000))]
+    pub return_tokens: Option<u32>,
 }
 
 /// Budget thresholds (percent of the context window) and token reservations.
@@ -77,6 +144,10 @@ pub struct BudgetSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = 0, max = 10_000_000))]
     pub safety_margin_tokens: Option<u32>,
+    /// Per-section ceilings after the output reserve (`reservedCompletionTokens`, which also
+    /// caps the client's max_tokens).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stages: Option<StageBudgetsSpec>,
 }
 
 /// Spill and elision of tool results (seed 002 #5 and #6).

@@ -402,4 +402,67 @@ fn a_new_conversation_prunes_the_old_ones_chain_values() {
     let texts: Vec<&str> =
         engine.journal().entries().iter().map(|entry| entry.content.text.as_str()).collect();
     assert_eq!(texts, ["Plan today's deploy", "Step one: freeze.", "And step two?", "Step two: deploy."]);
+
+/// A tool-results stage ceiling is enforced: once the results in the window exceed it, the oldest
+/// are elided to their head and a data_ref, and the stage fits again.
+#[test]
+fn tool_results_over_their_stage_ceiling_are_elided_oldest_first() {
+    let mut settings = SessionSettings::defaults(Api::OpenAi, 200_000);
+    settings.stages.tool_results_tokens = 3_000;
+    // Economics-driven elision off: only the stage ceiling elides.
+    settings.elision.elide_after_rounds = 10_000;
+    let mut engine = SessionEngine::in_memory(&settings, 0).unwrap();
+    let mut last = None;
+    for step in 0..6u64 {
+        let id = format!("c{step}");
+        let turns = vec![
+            user(format!("step {step}")),
+            Turn {
+                role: Role::Assistant,
+                content: Content {
+                    tool_calls: vec![ToolCall {
+                        call_id: id.clone(),
+                        name: "grep".into(),
+                        arguments_json: "{}".into(),
+                    }],
+                    ..Content::default()
+                },
+            },
+            Turn {
+                role: Role::Tool,
+                content: Content {
+                    tool_results: vec![ToolResult {
+                        call_id: id,
+                        name: Some("grep".into()),
+                        output: format!("result {step}: {}", "matched line of output ".repeat(300)),
+                    }],
+                    ..Content::default()
+                },
+            },
+        ];
+        let chat = request(turns);
+        let turn = TurnRequest {
+            request: &chat,
+            transparent: false,
+            operation_id: OperationId::from_request("stages", &step.to_le_bytes()),
+            head: Map::new(),
+            now_ms: step,
+        };
+        let TurnOutcome::Admitted(admitted) = engine.begin_turn(&settings, turn).unwrap() else {
+            panic!("blocked")
+        };
+        let answer = AssistantOutput { text: format!("noted {step}"), ..AssistantOutput::default() };
+        let effects = engine.record_answer(&settings, &admitted.first_call, &answer, step).unwrap();
+        if step >= 2 {
+            assert!(effects.elided_entries > 0, "step {step}: the ceiling elided the oldest results");
+        }
+        last = Some(engine.next_call(&settings, Map::new()).unwrap());
+    }
+    let call = last.unwrap();
+    let stage = call.stages.iter().find(|s| s.stage == strata_core::budget::Stage::ToolResults).unwrap();
+    assert!(!stage.over && stage.used <= 3_000, "{stage:?}");
+    let body: serde_json::Value = serde_json::from_slice(&call.body.to_vec()).unwrap();
+    let text = body["messages"].to_string();
+    assert!(text.contains("result 5: matched"), "the newest result stays whole");
+    assert!(text.contains("data_ref"), "elided results name their data_ref");
 }

@@ -4,12 +4,14 @@
 use strata_api::agent::{Provider, Tokenizer};
 use strata_api::effective::{EffectiveBudget, EffectiveCompaction, EffectivePolicy, EffectiveToolResults};
 use strata_api::policy::BreakpointMode;
-use strata_core::budget::{BudgetError, BudgetPolicy};
+use strata_core::budget::{BudgetError, BudgetPolicy, StageBudgets};
 use strata_core::compaction::CompactionSettings;
 use strata_core::compiler::BreakpointPlacement;
+use strata_core::delegation::DelegationPolicy;
 use strata_core::prefix::StablePrefixSources;
 use strata_core::redaction::{PatternError, Redactor};
 use strata_core::retention::{Classifier, ExpiryPolicy, RetentionRuleError};
+use strata_core::session::capabilities::LazyToolsPolicy;
 use strata_core::session::{Api, SessionSettings};
 use strata_core::tokens::TokenizerKind;
 use strata_core::tool_output::{ElisionPolicy, SpillPolicy};
@@ -75,7 +77,32 @@ pub fn session_settings(
         retain_generations: policy.compaction.retain_generations as usize,
         tokenizer: tokenizer_kind(tokenizer),
         volume: policy.volume,
+        delegation: DelegationPolicy {
+            tools: policy.delegation.tools.clone(),
+            return_tokens: u64::from(policy.delegation.return_tokens),
+        },
+        lazy_tools: lazy_tools_policy(policy),
+        stages: stage_budgets(&policy.budget),
     })
+}
+
+/// Lazy tool schemas: the tools stage's ceiling is the threshold.
+pub fn lazy_tools_policy(policy: &EffectivePolicy) -> LazyToolsPolicy {
+    LazyToolsPolicy {
+        threshold_tokens: u64::from(policy.budget.stages.tools_tokens),
+        full_schema_tools: policy.capabilities.full_schema_tools as usize,
+        batch_tools: policy.capabilities.batch_tools as usize,
+    }
+}
+
+/// The per-section ceilings (the tools ceiling travels as the lazy-schema threshold).
+pub fn stage_budgets(budget: &EffectiveBudget) -> StageBudgets {
+    StageBudgets {
+        system_tokens: u64::from(budget.stages.system_tokens),
+        memory_tokens: u64::from(budget.stages.memory_tokens),
+        tool_results_tokens: u64::from(budget.stages.tool_results_tokens),
+        history_tokens: u64::from(budget.stages.history_tokens),
+    }
 }
 
 /// The core tokenizer matching the API's.
@@ -146,6 +173,11 @@ mod tests {
         let settings = compaction_settings(&policy.compaction, "tenant");
         assert_eq!(settings.required_fields.len(), policy.compaction.required_fields.len());
         assert_eq!(settings.keep_recent_entries, 8);
+        assert_eq!(lazy_tools_policy(&policy), LazyToolsPolicy::default());
+        assert_eq!(stage_budgets(&policy.budget), StageBudgets::default());
+        let session =
+            session_settings(&policy, Provider::OpenAI, 100_000, Tokenizer::O200kBase, "ns", "t").unwrap();
+        assert_eq!(session.delegation, DelegationPolicy::default());
     }
 
     #[test]

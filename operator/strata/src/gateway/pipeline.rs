@@ -22,7 +22,7 @@ use bytes::Bytes;
 use futures::StreamExt;
 use serde_json::{Map, Value};
 use strata_api::agent::SessionMode;
-use strata_core::budget::{BudgetLevel, OperationId};
+use strata_core::budget::{BudgetLevel, MaxTokensClamp, OperationId};
 use strata_core::session::tool_schema::is_memory_tool;
 use strata_core::session::transparent::ChainHash;
 use strata_core::session::{
@@ -47,6 +47,10 @@ pub const MAX_ROUNDS: usize = 8;
 
 /// The header naming a stateful session.
 pub const SESSION_HEADER: &str = "x-strata-session";
+
+/// The response header reporting that the client's max_tokens was lowered to the output reserve:
+/// `requested=64000, applied=8192`.
+pub const MAX_TOKENS_CLAMPED_HEADER: &str = "x-strata-max-tokens-clamped";
 
 /// Shared state of a running gateway.
 #[derive(Debug)]
@@ -97,6 +101,8 @@ struct Prepared {
     first_call: Option<Box<UpstreamCall>>,
     /// Events of admitting the turn, shown on its first round.
     admission_events: Vec<ContextEvent>,
+    /// The client's max_tokens lowered to the output reserve, if it was.
+    max_tokens_clamp: Option<MaxTokensClamp>,
 }
 
 fn check_api(settings: &Settings, adapter: &dyn ProviderAdapter) -> Result<(), GatewayError> {
@@ -222,6 +228,11 @@ async fn prepare(
     gateway.metrics.held_request_bytes.set(i64::try_from(gateway.pending.usage().1).unwrap_or(i64::MAX));
     gateway.metrics.spilled_bytes.inc_by(spilled_bytes);
     gateway.metrics.deduplicated_tokens.inc_by(deduplicated);
+    for digest in &admitted.digests {
+        gateway.metrics.delegation_digests.with_label_values(&[digest.source.label()]).inc();
+        gateway.metrics.delegation_tokens.with_label_values(&["full"]).inc_by(digest.full_tokens);
+        gateway.metrics.delegation_tokens.with_label_values(&["returned"]).inc_by(digest.return_tokens);
+    }
     Ok(Prepared {
         first_call: Some(first_call),
         chain_tail,
@@ -232,6 +243,7 @@ async fn prepare(
         overhead: started.elapsed(),
         cache_key: None,
         admission_events,
+        max_tokens_clamp: None,
     })
 }
 
@@ -254,8 +266,78 @@ async fn plan(gateway: &Gateway, prepared: &mut Prepared) -> Result<UpstreamCall
     gateway.metrics.context_tokens.set(i64::try_from(call.status.tokens).unwrap_or(i64::MAX));
     gateway.metrics.context_limit.set(i64::try_from(call.status.limit).unwrap_or(i64::MAX));
     gateway.metrics.context_level.set(level_value(call.status.level));
+    record_call_shape(&gateway.metrics, &call);
+    if prepared.max_tokens_clamp.is_none() && call.max_tokens_clamp.is_some() {
+        prepared.max_tokens_clamp = call.max_tokens_clamp;
+        gateway.metrics.max_tokens_clamped.inc();
+    }
     prepared.overhead += started.elapsed();
     Ok(call)
+}
+
+/// The tool block's and the stages' gauges at one call.
+fn record_call_shape(metrics: &Metrics, call: &UpstreamCall) {
+    let gauge = |value: u64| i64::try_from(value).unwrap_or(i64::MAX);
+    metrics.tool_schemas.with_label_values(&["full"]).set(gauge(call.tools.full));
+    metrics.tool_schemas.with_label_values(&["summarised"]).set(gauge(call.tools.summarised));
+    metrics.tool_schema_tokens.with_label_values(&["sent"]).set(gauge(call.tools.sent_tokens));
+    metrics.tool_schema_tokens.with_label_values(&["full"]).set(gauge(call.tools.full_tokens));
+    for stage in &call.stages {
+        metrics.stage_tokens.with_label_values(&[stage.stage.label(), "used"]).set(gauge(stage.used));
+        metrics
+            .stage_tokens
+            .with_label_values(&[stage.stage.label(), "allocated"])
+            .set(gauge(stage.allocated));
+    }
+}
+
+/// The model called tools it saw only summarised: their schemas are delivered in the history (a
+/// `strata_load_tools` round the engine appends) and the round's answer is dropped, to be
+/// repeated. Returns the call to record when nothing was delivered (schemas are not lazy, or every
+/// called tool had its schema), `None` when the round must be repeated.
+async fn load_summarised(
+    gateway: &Gateway,
+    prepared: &mut Prepared,
+    call: UpstreamCall,
+    output: &AssistantOutput,
+    upstream_time: Duration,
+    total: &mut Usage,
+) -> Result<Option<UpstreamCall>, GatewayError> {
+    if !call.tools.lazy || output.tool_calls.is_empty() {
+        return Ok(Some(call));
+    }
+    let settings = Arc::clone(&prepared.settings);
+    let answer = output.clone();
+    let loaded = gateway
+        .with_engine(move |engine| engine.deliver_schemas(&settings.session, &answer, now_ms()))
+        .await?;
+    if loaded.is_empty() {
+        return Ok(Some(call));
+    }
+    let metrics = &gateway.metrics;
+    metrics.tool_schema_retries.inc();
+    metrics.tool_schemas_loaded.with_label_values(&["summarised_call"]).inc_by(loaded.len() as u64);
+    metrics.upstream_calls.with_label_values(&["ok"]).inc();
+    metrics.upstream_duration.observe(upstream_time.as_secs_f64());
+    if let Some(usage) = &output.usage {
+        total.add(usage);
+    }
+    prepared.record.rounds.push(RoundRecord {
+        sections: call.sections,
+        breakpoints: call.breakpoints,
+        churn: call.churn,
+        status: call.status,
+        usage: output.usage,
+        cache_outcome: cache_outcome(output.usage.as_ref()),
+        memory_calls: Vec::new(),
+        events: Vec::new(),
+        upstream_micros: elapsed_micros(upstream_time),
+        stages: call.stages,
+        tools: call.tools,
+        max_tokens_clamp: call.max_tokens_clamp,
+        schema_retry: loaded,
+    });
+    Ok(None)
 }
 
 /// Journals one round's answer through the engine (which learns from its usage and runs its
@@ -310,6 +392,7 @@ async fn record_round(
     metrics.upstream_duration.observe(upstream_time.as_secs_f64());
     let mut events = std::mem::take(&mut prepared.admission_events);
     events.extend(effects.events());
+    metrics.tool_schemas_loaded.with_label_values(&["load_tool"]).inc_by(effects.tools_loaded);
     prepared.record.rounds.push(RoundRecord {
         sections: call.sections,
         breakpoints: call.breakpoints,
@@ -320,6 +403,10 @@ async fn record_round(
         memory_calls: effects.memory_calls,
         events,
         upstream_micros: elapsed_micros(upstream_time),
+        stages: call.stages,
+        tools: call.tools,
+        max_tokens_clamp: call.max_tokens_clamp,
+        schema_retry: Vec::new(),
     });
     prepared.overhead += started.elapsed();
     Ok(effects.internal)
@@ -352,6 +439,7 @@ async fn complete(
     let adapter = adapter(prepared.request.api);
     let mut texts: Vec<String> = Vec::new();
     let mut total = Usage::default();
+    let mut retried = false;
     for _ in 0..MAX_ROUNDS {
         let mut call = plan(gateway, &mut prepared).await?;
         let body = std::mem::take(&mut call.body);
@@ -363,6 +451,17 @@ async fn complete(
         let bytes = gateway.upstream.read_body(&prepared.settings, response).await?;
         let upstream_time = upstream_started.elapsed();
         let output = parse_answer(adapter, &bytes)?;
+        let call = if retried {
+            call
+        } else {
+            match load_summarised(gateway, &mut prepared, call, &output, upstream_time, &mut total).await? {
+                Some(call) => call,
+                None => {
+                    retried = true;
+                    continue;
+                }
+            }
+        };
         let internal =
             record_round(gateway, &mut prepared, call, &output, upstream_time, &mut total, &texts).await?;
         texts.push(output.text.clone());
@@ -378,8 +477,11 @@ async fn complete(
             gateway.responses.put(key, false, body.clone(), response_cache_ttl(&prepared.settings));
         }
         prepared.overhead += started.elapsed();
+        let clamp = prepared.max_tokens_clamp;
         finish_record(gateway, prepared, "ok");
-        return Ok(bytes_response(false, body));
+        let mut response = bytes_response(false, body);
+        report_clamp(&mut response, clamp);
+        return Ok(response);
     }
     finish_record(gateway, prepared, "memory_loop");
     Err(GatewayError::MemoryLoop { rounds: MAX_ROUNDS })
@@ -538,6 +640,7 @@ async fn stream(
     let response = gateway.upstream.post(&prepared.settings, path, body, &headers, true).await;
     let response =
         response.inspect_err(|_| gateway.metrics.upstream_calls.with_label_values(&["error"]).inc())?;
+    let clamp = prepared.max_tokens_clamp;
     let (sender, receiver) = mpsc::channel::<Result<Bytes, Infallible>>(64);
     let client = ClientStream { sender, connected: true, copy: prepared.cache_key.map(|_| Vec::new()) };
     tokio::spawn(stream_rounds(gateway, prepared, headers, (call, response, started), client));
@@ -547,7 +650,17 @@ async fn stream(
     let mut response = Response::new(Body::from_stream(body));
     response.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static("text/event-stream"));
     response.headers_mut().insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
+    report_clamp(&mut response, clamp);
     Ok(response)
+}
+
+/// Names the max_tokens clamp in the response's headers.
+fn report_clamp(response: &mut Response, clamp: Option<MaxTokensClamp>) {
+    let Some(clamp) = clamp else { return };
+    let value = format!("requested={}, applied={}", clamp.requested, clamp.applied);
+    if let Ok(value) = HeaderValue::from_str(&value) {
+        response.headers_mut().insert(MAX_TOKENS_CLAMPED_HEADER, value);
+    }
 }
 
 fn response_cache_ttl(settings: &Settings) -> Duration {
