@@ -147,10 +147,10 @@ pub fn upstream_head(settings: &Settings, request: &ChatRequest) -> Map<String, 
     }
     match settings.provider() {
         Provider::OpenAI => {
-            head.insert("prompt_cache_key".into(), settings.config.cache_key.clone().into());
+            head.insert("prompt_cache_key".into(), settings.cache_key.as_hex().into());
         }
         Provider::OpenAICompatible => {
-            head.insert("cache_salt".into(), settings.config.cache_key.clone().into());
+            head.insert("cache_salt".into(), settings.cache_key.as_hex().into());
         }
         Provider::Anthropic => {}
     }
@@ -651,9 +651,10 @@ pub async fn chat(
     headers: HeaderMap,
     body: Bytes,
 ) -> Result<Response, GatewayError> {
-    let ttl = response_cache_ttl(&gateway.live.get());
-    let cache_key =
-        (!ttl.is_zero() && !headers.contains_key(SESSION_HEADER)).then(|| response_cache::key(api, &body));
+    let settings = gateway.live.get();
+    let ttl = response_cache_ttl(&settings);
+    let cache_key = (!ttl.is_zero() && !headers.contains_key(SESSION_HEADER))
+        .then(|| response_cache::key(api, &settings.cache_key, &body));
     if let Some(key) = &cache_key
         && let Some(answer) = gateway.responses.get(key, ttl)
     {

@@ -33,13 +33,15 @@ pub struct ResponseCache {
     answers: Mutex<HashMap<CacheKey, CachedAnswer>>,
 }
 
-/// The key of a request body on `api`.
-pub fn key(api: Api, body: &[u8]) -> CacheKey {
+/// The key of a request body on `api` under the upstream cache key `scope`: an answer is reused
+/// only while the policy, model, adapter, runtime, credential and tenant it was made under hold.
+pub fn key(api: Api, scope: &strata_core::cache_key::CacheKey, body: &[u8]) -> CacheKey {
     let mut hasher = Sha256::new();
     hasher.update([match api {
         Api::OpenAi => 0u8,
         Api::Anthropic => 1u8,
     }]);
+    hasher.update(scope.as_hex().as_bytes());
     hasher.update(body);
     hasher.finalize().into()
 }

@@ -231,6 +231,7 @@ async fn status(State(gateway): State<Arc<Gateway>>) -> Response {
                 "entries": entries,
                 "journalTokens": journal_tokens,
                 "cacheKeyShort": settings.config.cache_key_short,
+                "upstreamCacheKeyShort": settings.cache_key.short(),
                 "sessionMode": settings.config.session_mode,
                 "budget": settings.session.budget,
                 "engineReloads": gateway.engine.reloads(),
