@@ -81,6 +81,7 @@ pub fn session_settings(
         retain_generations: policy.compaction.retain_generations as usize,
         tokenizer: tokenizer_kind(tokenizer),
         volume: policy.volume,
+        cache_epoch: 0,
     })
 }
 

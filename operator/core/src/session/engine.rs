@@ -18,6 +18,7 @@ use crate::compiler::{
     SyncOutcome, Treatment,
 };
 use crate::dedup::{DedupIndex, render_duplicate};
+use crate::derived::DerivedLedger;
 use crate::economics::expected_remaining_calls;
 use crate::entry::{Content, Entry, EntryDraft, EntryId, EntryKind, RetentionClass, Role, ToolResult};
 use crate::journal::sim::SimStorage;
@@ -32,6 +33,7 @@ use crate::tokens::{Calibration, TokenCounter, TokenizerError};
 use crate::tool_output::{ToolOutputError, elide_entry, plan_elision, spill};
 
 use super::compacting::CompactionAsk;
+use super::revocation::{DERIVED_FILE, DerivedState};
 use super::memory_tools;
 use super::render::body::{Assembly, ChunkedBody};
 use super::render::fragments::FragmentCache;
@@ -315,6 +317,12 @@ pub struct EntrySummary {
     /// Artifacts holding the entry's full output (spilled, or elided from the window).
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub data_refs: Vec<String>,
+    /// Where it comes from (see [`InclusionDecision::source`]).
+    pub source: &'static str,
+    /// How far it is trusted.
+    pub trust_class: crate::compiler::TrustClass,
+    /// The privacy scope it belongs to.
+    pub privacy_scope: String,
 }
 
 /// The lower limits the inspector simulates, in percent of the real limit.
@@ -353,10 +361,14 @@ pub struct SessionEngine {
     client_system: String,
     system_split: VolatileSplit,
     pub(super) tenant: String,
+    /// The agent's privacy scope, recorded on every inclusion decision.
+    privacy_scope: String,
     /// State files found corrupt at open (started afresh).
     corrupt_state: Vec<CorruptState>,
     /// A compaction waiting for the host's model summariser.
     asked: Option<CompactionAsk>,
+    /// Derived context stamped with its cache scope (the revocation purge).
+    pub(super) derived: DerivedState,
 }
 
 /// The files a group commit fsyncs, and the write count it covers.
@@ -445,6 +457,7 @@ impl SessionEngine {
         transparent: TransparentIndex,
         settings: &SessionSettings,
     ) -> Result<Self, EngineError> {
+        let opened_at_ms = options.now_ms;
         let (journal, report) = Journal::open(Arc::clone(&storage), data_dir, options)?;
         let mut transparent = transparent;
         transparent.forget_unissued(journal.next_entry_number())?;
@@ -461,6 +474,8 @@ impl SessionEngine {
         let (expired, damaged): (Option<HashSet<EntryId>>, _) = state.read(EXPIRED_FILE)?;
         corrupt.extend(damaged);
         let (ledger, damaged): (LifecycleLedger, _) = state.read(LIFECYCLE_FILE)?;
+        corrupt.extend(damaged);
+        let (derived, damaged): (DerivedLedger, _) = state.read(DERIVED_FILE)?;
         corrupt.extend(damaged);
         for (digest, at_ms) in &ledger.swept {
             store.mark_swept(digest, *at_ms);
@@ -499,11 +514,14 @@ impl SessionEngine {
             client_system: String::new(),
             system_split: VolatileSplit::default(),
             tenant: settings.tenant.clone(),
+            privacy_scope: settings.compaction.privacy_scope.clone(),
             corrupt_state: corrupt,
             asked: None,
+            derived: DerivedState::new(derived),
         };
         engine.prepare_prefix(settings, "", &[])?;
         engine.rebuild_window(settings)?;
+        engine.validate_derived(settings, opened_at_ms)?;
         engine.pending_churn = ChurnCause::Cold;
         Ok(engine)
     }
@@ -579,6 +597,7 @@ impl SessionEngine {
                 self.sync_window()?;
             }
         }
+        self.validate_derived(settings, now_ms())?;
         Ok(())
     }
 
@@ -1210,7 +1229,7 @@ impl SessionEngine {
 
     /// Every entry of the current generation with its window treatment.
     pub fn entry_summaries(&self) -> Vec<EntrySummary> {
-        let decisions = self.compiler.decisions();
+        let decisions = self.decisions();
         let window: std::collections::HashMap<&str, &InclusionDecision> =
             decisions.iter().filter(|d| d.tier == 2).map(|d| (d.id.as_str(), d)).collect();
         self.journal
@@ -1230,6 +1249,12 @@ impl SessionEngine {
                     created_at_ms: entry.created_at_ms,
                     content_hash: entry.content_hash.clone(),
                     data_refs: super::inspect::data_refs(entry, reason).into_iter().collect(),
+                    source: decision.map_or("journal", |d| d.source),
+                    trust_class: decision.map_or_else(
+                        || crate::compiler::entry_provenance(entry.id.kind(), entry.role).1,
+                        |d| d.trust_class,
+                    ),
+                    privacy_scope: self.privacy_scope.clone(),
                     id,
                 }
             })
@@ -1243,7 +1268,7 @@ impl SessionEngine {
 
     /// Every inclusion decision of the current packet, Tier 1 to Tier 3.
     pub fn decisions(&self) -> Vec<InclusionDecision> {
-        self.compiler.decisions()
+        self.compiler.decisions(&self.privacy_scope)
     }
 
     /// Here is the client's request: journals its new turns (redacted, spilled, deduplicated),
@@ -1257,6 +1282,9 @@ impl SessionEngine {
         let TurnRequest { request, transparent, operation_id, head, now_ms } = turn;
         if self.tenant != settings.tenant {
             self.tenant.clone_from(&settings.tenant);
+        }
+        if self.privacy_scope != settings.compaction.privacy_scope {
+            self.privacy_scope.clone_from(&settings.compaction.privacy_scope);
         }
         self.refresh(settings, false)?;
         self.prepare_prefix(settings, &request.system_text, &request.tools)?;
@@ -1308,6 +1336,7 @@ impl SessionEngine {
                 u64::from(self.compact_in_process(settings, CompactionMode::Budget, reason, now_ms)?);
         }
         let chain_tail = transparent.then(|| chains.last().copied().unwrap_or([0; 32]));
+        self.validate_derived(settings, now_ms)?;
         let first_call = self.next_call(settings, head)?;
         Ok(TurnOutcome::Admitted(Box::new(AdmittedTurn {
             new_entries,

@@ -14,6 +14,7 @@ pub mod memory_tools;
 pub mod openai_messages;
 pub mod protocol;
 pub mod render;
+mod revocation;
 pub mod settings;
 mod state;
 pub mod sweep;

@@ -59,6 +59,8 @@ pub struct SessionSettings {
     pub tokenizer: TokenizerKind,
     /// How long derived files on the volume are kept (the artifact sweeper).
     pub volume: VolumeRetention,
+    /// The tenant's cache epoch: derived context made under another one is revoked and purged.
+    pub cache_epoch: u64,
 }
 
 impl SessionSettings {
@@ -85,6 +87,7 @@ impl SessionSettings {
             retain_generations: 3,
             tokenizer: TokenizerKind::O200kBase,
             volume: VolumeRetention::default(),
+            cache_epoch: 0,
         }
     }
 

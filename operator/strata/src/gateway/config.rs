@@ -156,6 +156,7 @@ impl Settings {
         })?;
         let session = SessionSettings {
             revision: REVISIONS.fetch_add(1, Ordering::Relaxed),
+            cache_epoch: config.cache_epoch,
             stable_prefix: strata_core::prefix::StablePrefixSources {
                 system_prompt: config.stable_prefix.system_prompt.clone(),
                 tools: config.stable_prefix.tools.clone(),

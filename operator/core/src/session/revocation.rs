@@ -1,0 +1,196 @@
+//! Derived context under the cache scope (spec §17.10), inside the engine: summaries are stamped
+//! with the scope they were made under; before the window is compiled each one is validated
+//! against the current scope; when the scope changed (a cache-epoch bump) or a summary fails
+//! validation, the revocation purge takes it out of the live context and deletes from the volume
+//! everything derived under the old scope (superseded generations, archives, compaction records),
+//! and records what it did in the `derived.json` state file (decisions in [`crate::derived`]).
+
+use std::collections::{BTreeMap, HashSet};
+
+use super::engine::{EngineError, SessionEngine};
+use super::settings::SessionSettings;
+use crate::derived::{DerivationScope, DerivedKind, DerivedLedger, PurgedKind, RevocationPurge};
+use crate::entry::{Content, EntryDraft, EntryKind};
+use crate::journal::BaselineEntry;
+use crate::lifecycle::{KeepLimits, VolumeRetention};
+
+/// The state file holding the derived-artifact stamps and the revocation purges.
+pub(super) const DERIVED_FILE: &str = "derived.json";
+
+/// Nothing is kept: the retention a revocation purge sweeps under.
+const KEEP_NOTHING: KeepLimits = KeepLimits { max_age_seconds: 0, max_bytes: 0 };
+
+/// The engine's view of derived context: the ledger, and the generation last validated.
+#[derive(Debug, Default)]
+pub(super) struct DerivedState {
+    pub(super) ledger: DerivedLedger,
+    checked: Option<(u64, DerivationScope)>,
+}
+
+impl DerivedState {
+    pub(super) fn new(ledger: DerivedLedger) -> Self {
+        Self { ledger, checked: None }
+    }
+}
+
+/// The derived kind of a journal entry, if it is derived context.
+fn derived_kind(kind: EntryKind) -> Option<DerivedKind> {
+    match kind {
+        EntryKind::Summary => Some(DerivedKind::Summary),
+        EntryKind::Message | EntryKind::ToolCall | EntryKind::ToolResult => None,
+    }
+}
+
+/// What a revoked summary says in its place.
+fn revoked_text(id: &str, made_under: Option<&DerivationScope>, current: &DerivationScope) -> String {
+    let under = made_under.map_or_else(|| "an earlier cache scope".to_owned(), |scope| format!("cache epoch {}", scope.epoch));
+    format!(
+        "[{id} revoked: it was derived under {under}, and the agent now runs under cache epoch {} \
+         (tenant cache revocation); the summary and the entries it replaced were purged and are not reused]",
+        current.epoch
+    )
+}
+
+impl SessionSettings {
+    /// The cache scope derived context is made under.
+    pub fn derivation_scope(&self) -> DerivationScope {
+        DerivationScope {
+            tenant: self.tenant.clone(),
+            privacy_scope: self.compaction.privacy_scope.clone(),
+            epoch: self.cache_epoch,
+        }
+    }
+}
+
+impl SessionEngine {
+    /// The derived-artifact stamps and the last revocation purges.
+    pub fn derived_ledger(&self) -> &DerivedLedger {
+        &self.derived.ledger
+    }
+
+    /// Validates the derived entries of the live window against the current scope before they
+    /// enter a prompt: stamps the ones made since the last check (under the current scope), and
+    /// runs the revocation purge when the scope changed or a stamped entry was made under another
+    /// scope. Cheap when neither the generation nor the scope changed since the last check.
+    pub(super) fn validate_derived(
+        &mut self,
+        settings: &SessionSettings,
+        now_ms: u64,
+    ) -> Result<Option<RevocationPurge>, EngineError> {
+        let current = settings.derivation_scope();
+        let generation = self.journal.generation();
+        if self.derived.checked.as_ref().is_some_and(|(checked, scope)| *checked == generation && *scope == current)
+        {
+            return Ok(None);
+        }
+        let scope_changed = self.derived.ledger.scope_changed(&current);
+        let previous = self.derived.ledger.scope.clone();
+        let mut stale: Vec<(String, Option<DerivationScope>)> = Vec::new();
+        let mut changed = self.derived.ledger.scope.is_none();
+        for entry in self.journal.entries() {
+            let Some(kind) = derived_kind(entry.id.kind()) else { continue };
+            let id = entry.id.to_string();
+            if !self.derived.ledger.items.contains_key(&id) {
+                // Made since the last check: under the scope the volume was last served under.
+                if scope_changed {
+                    stale.push((id, previous.clone()));
+                } else {
+                    changed |= self.derived.ledger.record(kind, &id, &current, entry.created_at_ms);
+                }
+            } else if let Err(refused) = self.derived.ledger.validate(&id, kind, &current) {
+                stale.push((id, Some(refused.made_under)));
+            }
+        }
+        let purge = if scope_changed || !stale.is_empty() {
+            Some(self.revoke(settings, &current, previous.filter(|_| scope_changed), stale, now_ms)?)
+        } else {
+            if changed {
+                self.derived.ledger.scope = Some(current.clone());
+                self.forget_gone_stamps();
+                self.state.write(DERIVED_FILE, &self.derived.ledger)?;
+            }
+            None
+        };
+        self.derived.checked = Some((self.journal.generation(), current));
+        Ok(purge)
+    }
+
+    /// Drops stamps of entries no longer in the live generation.
+    fn forget_gone_stamps(&mut self) {
+        let live: HashSet<String> = self.journal.entries().iter().map(|entry| entry.id.to_string()).collect();
+        self.derived.ledger.retain(|id| live.contains(id));
+    }
+
+    /// The revocation purge: rewrites each stale derived entry as a stub without its archive (a
+    /// generation switch), then sweeps the volume keeping nothing that the new live generation does
+    /// not reference, and records the purge.
+    fn revoke(
+        &mut self,
+        settings: &SessionSettings,
+        current: &DerivationScope,
+        from: Option<DerivationScope>,
+        stale: Vec<(String, Option<DerivationScope>)>,
+        now_ms: u64,
+    ) -> Result<RevocationPurge, EngineError> {
+        let mut revoked: BTreeMap<String, Vec<String>> = BTreeMap::new();
+        if !stale.is_empty() {
+            let made_under: BTreeMap<&str, Option<&DerivationScope>> =
+                stale.iter().map(|(id, scope)| (id.as_str(), scope.as_ref())).collect();
+            let snapshot = self.journal.begin_compaction()?;
+            let mut baseline = Vec::with_capacity(snapshot.entries.len());
+            for entry in &snapshot.entries {
+                let id = entry.id.to_string();
+                let Some(under) = made_under.get(id.as_str()) else {
+                    baseline.push(BaselineEntry::Keep(entry.id));
+                    continue;
+                };
+                let text = revoked_text(&id, *under, current);
+                let draft = EntryDraft {
+                    kind: entry.id.kind(),
+                    role: entry.role,
+                    tokens: u64::from(self.counter().count(&text)),
+                    content: Content::text(text),
+                    retention: entry.retention,
+                    created_at_ms: entry.created_at_ms,
+                    artifact_refs: Vec::new(),
+                };
+                baseline.push(BaselineEntry::Rewrite { id: entry.id, draft });
+                let kind = derived_kind(entry.id.kind()).map_or("derived", DerivedKind::label);
+                revoked.entry(kind.to_owned()).or_default().push(id);
+            }
+            self.journal.commit_generation(&snapshot, baseline, now_ms)?;
+            self.after_rewrite()?;
+        }
+        let keep_nothing = VolumeRetention {
+            artifacts: KEEP_NOTHING,
+            generations: KEEP_NOTHING,
+            compaction_records: KEEP_NOTHING,
+            sweep_interval_seconds: settings.volume.sweep_interval_seconds,
+        };
+        let report = self.sweep_volume(&keep_nothing, now_ms)?;
+        let purged = report
+            .kinds
+            .iter()
+            .map(|kind| {
+                (kind.kind.label().to_owned(), PurgedKind { files: kind.files_swept, bytes: kind.bytes_swept })
+            })
+            .collect();
+        // The stubs are not derived from anything: stamped under the current scope, they validate.
+        for ids in revoked.values() {
+            for id in ids {
+                self.derived.ledger.record(DerivedKind::Summary, id, current, now_ms);
+            }
+        }
+        self.forget_gone_stamps();
+        let purge = RevocationPurge { at_ms: now_ms, from, to: current.clone(), revoked, purged };
+        self.derived.ledger.push_purge(purge.clone());
+        self.state.write(DERIVED_FILE, &self.derived.ledger)?;
+        let files: u64 = purge.purged.values().map(|kind| kind.files).sum();
+        let entries: usize = purge.revoked.values().map(Vec::len).sum();
+        self.warn(format!(
+            "revocation purge: derived context of another cache scope is not reused (now {current}); \
+             {entries} derived entries replaced by stubs, {files} files deleted from the volume"
+        ));
+        Ok(purge)
+    }
+}
