@@ -32,7 +32,7 @@ use crate::retention::plan_expiry;
 use crate::tokens::{Calibration, TokenCounter, TokenizerError};
 use crate::tool_output::{ToolOutputError, elide_entry, plan_elision, spill};
 
-use super::compacting::CompactionAsk;
+use super::compacting::{CompactionAsk, CompactionOutcome};
 use super::revocation::{DERIVED_FILE, DerivedState};
 use super::memory_tools;
 use super::render::body::{Assembly, ChunkedBody};
@@ -172,6 +172,10 @@ pub struct UpstreamCall {
     pub breakpoints: usize,
     /// Why the cached prefix changed, if it did.
     pub churn: ChurnCause,
+    /// The source material behind the packet: the context with Tier 2 counted as journaled
+    /// (before elision, expiry and deduplication) instead of as sent. Over `status.tokens` it is
+    /// the context compression ratio (spec §17.20).
+    pub source_tokens: u64,
 }
 
 /// The client's request as the engine takes it.
@@ -369,6 +373,8 @@ pub struct SessionEngine {
     asked: Option<CompactionAsk>,
     /// Derived context stamped with its cache scope (the revocation purge).
     pub(super) derived: DerivedState,
+    /// Compactions concluded since the host last took them.
+    compaction_outcomes: Vec<CompactionOutcome>,
 }
 
 /// The files a group commit fsyncs, and the write count it covers.
@@ -518,6 +524,7 @@ impl SessionEngine {
             corrupt_state: corrupt,
             asked: None,
             derived: DerivedState::new(derived),
+            compaction_outcomes: Vec::new(),
         };
         engine.prepare_prefix(settings, "", &[])?;
         engine.rebuild_window(settings)?;
@@ -1154,12 +1161,14 @@ impl SessionEngine {
             tokens: u64::from(self.counter.count(&packet.telemetry)),
             hash: String::new(),
         });
+        let source_tokens = packet.status.tokens.saturating_sub(tier2_tokens) + self.journal.total_tokens();
         let call = UpstreamCall {
             body,
             status: packet.status,
             sections,
             breakpoints: packet.breakpoints.len(),
             churn: std::mem::replace(&mut self.pending_churn, ChurnCause::None),
+            source_tokens,
         };
         Ok(call)
     }
@@ -1202,6 +1211,10 @@ impl SessionEngine {
 
     pub(super) fn asked_mut(&mut self) -> &mut Option<CompactionAsk> {
         &mut self.asked
+    }
+
+    pub(super) fn compaction_outcomes_mut(&mut self) -> &mut Vec<CompactionOutcome> {
+        &mut self.compaction_outcomes
     }
 
     /// Re-synchronises Tier 2 after a memory tool rewrote the journal.

@@ -22,7 +22,7 @@ pub mod tool_schema;
 pub mod transparent;
 pub mod turn;
 
-pub use compacting::{CompactionAsk, is_superseded};
+pub use compacting::{CompactionAsk, CompactionOutcome, is_superseded};
 pub use engine::{
     AnswerEffects, ChurnCause, EngineError, EntrySummary, LOWER_BUDGET_PERCENTS, Rewind, RewindCause,
     SectionSummary, SessionEngine, TurnOutcome, TurnRequest, UpstreamCall, now_ms,

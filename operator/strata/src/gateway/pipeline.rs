@@ -284,6 +284,9 @@ async fn plan(gateway: &Gateway, prepared: &mut Prepared) -> Result<UpstreamCall
     gateway.metrics.context_tokens.set(i64::try_from(call.status.tokens).unwrap_or(i64::MAX));
     gateway.metrics.context_limit.set(i64::try_from(call.status.limit).unwrap_or(i64::MAX));
     gateway.metrics.context_level.set(level_value(call.status.level));
+    if call.status.tokens > 0 {
+        gateway.metrics.compression_ratio.set(call.source_tokens as f64 / call.status.tokens as f64);
+    }
     prepared.overhead += started.elapsed();
     Ok(call)
 }
@@ -334,6 +337,8 @@ async fn record_round(
         metrics.prompt_tokens.with_label_values(&["fresh"]).inc_by(usage.fresh_tokens());
         metrics.prompt_tokens.with_label_values(&["cached"]).inc_by(usage.cached_tokens);
         metrics.prompt_tokens.with_label_values(&["cache_write"]).inc_by(usage.cache_write_tokens);
+        let outcome = if usage.cached_tokens > 0 { "hit" } else { "miss" };
+        metrics.prefix_cache_requests.with_label_values(&[outcome]).inc();
         metrics.completion_tokens.inc_by(usage.completion_tokens);
     }
     metrics.upstream_calls.with_label_values(&["ok"]).inc();
