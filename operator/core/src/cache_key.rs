@@ -297,6 +297,9 @@ pub struct RuntimeBinding {
     pub runtime: String,
     /// Fingerprint of the upstream authorization (SHA-256 of the credential), or `none`.
     pub authorization: String,
+    /// The tenant's cache epoch (also in the controller's key; bound again so a hand-written key
+    /// is revoked by an epoch bump too).
+    pub epoch: u64,
 }
 
 impl RuntimeBinding {
@@ -317,6 +320,7 @@ impl RuntimeBinding {
         for field in fields {
             push_field(&mut encoded, field.as_bytes());
         }
+        encoded.extend_from_slice(&self.epoch.to_be_bytes());
         encoded
     }
 }
@@ -429,6 +433,7 @@ mod tests {
             adapter: "openai-chat/v1".to_owned(),
             runtime: "strata-gateway/0.1.0".to_owned(),
             authorization: authorization_fingerprint(Some("sk-1")),
+            epoch: 1,
         }
     }
 
@@ -437,7 +442,7 @@ mod tests {
         let base = key("acme", 1, &inputs("acme"));
         let bound = bind_runtime(base.as_hex(), &binding());
         assert_eq!(bound, bind_runtime(base.as_hex(), &binding()), "deterministic");
-        let edits: [fn(&mut RuntimeBinding); 8] = [
+        let edits: [fn(&mut RuntimeBinding); 9] = [
             |b| b.tenant.push('x'),
             |b| b.privacy_scope = "user:ana".to_owned(),
             |b| b.model = "gpt-5-mini".to_owned(),
@@ -446,6 +451,7 @@ mod tests {
             |b| b.adapter = "openai-compatible-chat/v1".to_owned(),
             |b| b.runtime = "strata-gateway/0.2.0".to_owned(),
             |b| b.authorization = authorization_fingerprint(Some("sk-2")),
+            |b| b.epoch = 2,
         ];
         for (index, edit) in edits.into_iter().enumerate() {
             let mut changed = binding();

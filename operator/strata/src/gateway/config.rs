@@ -105,6 +105,7 @@ pub fn runtime_cache_key(config: &GatewayConfig, api_key: Option<&str>) -> Cache
         adapter: adapter_id(config.upstream.provider).to_owned(),
         runtime: RUNTIME_IDENTITY.to_owned(),
         authorization: authorization_fingerprint(api_key),
+        epoch: config.cache_epoch,
     };
     bind_runtime(&config.cache_key, &binding)
 }
