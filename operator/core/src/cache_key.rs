@@ -459,7 +459,11 @@ mod tests {
             assert_ne!(bind_runtime(base.as_hex(), &changed), bound, "field {index} is not bound");
         }
         let next_epoch = key("acme", 2, &inputs("acme"));
-        assert_ne!(bind_runtime(next_epoch.as_hex(), &binding()), bound, "the epoch is bound through the base");
+        assert_ne!(
+            bind_runtime(next_epoch.as_hex(), &binding()),
+            bound,
+            "the epoch is bound through the base"
+        );
         assert_ne!(authorization_fingerprint(None), authorization_fingerprint(Some("")));
     }
 

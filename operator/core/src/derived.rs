@@ -27,7 +27,11 @@ pub struct DerivationScope {
 
 impl std::fmt::Display for DerivationScope {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "tenant {:?}, privacy scope {:?}, cache epoch {}", self.tenant, self.privacy_scope, self.epoch)
+        write!(
+            f,
+            "tenant {:?}, privacy scope {:?}, cache epoch {}",
+            self.tenant, self.privacy_scope, self.epoch
+        )
     }
 }
 
@@ -62,7 +66,9 @@ pub struct DerivedItem {
 
 /// A derived artifact made under another scope than the current one: it must not enter a prompt.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("{kind:?} {id} was derived under {made_under}, but the agent now runs under {current}; it is not reused")]
+#[error(
+    "{kind:?} {id} was derived under {made_under}, but the agent now runs under {current}; it is not reused"
+)]
 pub struct StaleDerivation {
     /// The artifact (e.g. an entry ID).
     pub id: String,
@@ -130,7 +136,12 @@ impl DerivedLedger {
     }
 
     /// Whether `id` may enter a prompt under `current`: stamped, and stamped under `current`.
-    pub fn validate(&self, id: &str, kind: DerivedKind, current: &DerivationScope) -> Result<(), StaleDerivation> {
+    pub fn validate(
+        &self,
+        id: &str,
+        kind: DerivedKind,
+        current: &DerivationScope,
+    ) -> Result<(), StaleDerivation> {
         match self.items.get(id) {
             Some(item) if &item.scope == current => Ok(()),
             Some(item) => Err(StaleDerivation {
@@ -203,7 +214,10 @@ mod tests {
         assert!(stale.to_string().contains("cache epoch 1") && stale.to_string().contains("cache epoch 2"));
         let other_scope = DerivationScope { privacy_scope: "user:ana".into(), ..scope(1) };
         assert!(ledger.validate("summary_7", DerivedKind::Summary, &other_scope).is_err());
-        assert!(ledger.validate("summary_9", DerivedKind::Summary, &scope(1)).is_err(), "unstamped is refused");
+        assert!(
+            ledger.validate("summary_9", DerivedKind::Summary, &scope(1)).is_err(),
+            "unstamped is refused"
+        );
         assert_eq!(ledger.stale(&scope(2)).len(), 1);
         assert!(ledger.stale(&scope(1)).is_empty());
     }

@@ -45,7 +45,10 @@ async fn a_turn_is_journaled_and_sent_as_a_compiled_packet() {
     let bound = status["upstreamCacheKeyShort"].as_str().unwrap();
     let sent_key = sent["prompt_cache_key"].as_str().unwrap();
     assert!(sent_key.starts_with(bound) && sent_key.len() == 64, "{sent_key} is the bound key {bound}");
-    assert_ne!(sent_key, CACHE_KEY, "the controller's key is bound to policy, adapter, runtime and credential");
+    assert_ne!(
+        sent_key, CACHE_KEY,
+        "the controller's key is bound to policy, adapter, runtime and credential"
+    );
     assert_eq!(sent["temperature"], 0.2);
     assert_eq!(
         tool_names(&sent),

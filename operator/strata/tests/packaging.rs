@@ -468,7 +468,9 @@ fn unknown_metrics(expr: &str, known: &BTreeSet<String>) -> Vec<String> {
 
 #[test]
 fn the_alerts_query_only_metrics_the_code_exports_and_say_what_to_do() {
-    let Some(tools) = tools("the_alerts_query_only_metrics_the_code_exports_and_say_what_to_do") else { return };
+    let Some(tools) = tools("the_alerts_query_only_metrics_the_code_exports_and_say_what_to_do") else {
+        return;
+    };
     let default = helm_default(&tools);
     assert!(of_kind(&default, "PrometheusRule").is_empty(), "the alerts are opt-in");
     let docs = helm_all_features(&tools);
@@ -481,7 +483,8 @@ fn the_alerts_query_only_metrics_the_code_exports_and_say_what_to_do() {
             let name = alert["alert"].as_str().unwrap().to_owned();
             let expr = alert["expr"].as_str().unwrap();
             assert!(expr.contains("strata_gateway_"), "{name} queries no Strata metric: {expr}");
-            unknown.extend(unknown_metrics(expr, &known).into_iter().map(|metric| format!("{name}: {metric}")));
+            unknown
+                .extend(unknown_metrics(expr, &known).into_iter().map(|metric| format!("{name}: {metric}")));
             let description = alert["annotations"]["description"].as_str().unwrap_or_default();
             assert!(description.len() > 120, "{name} must say what to do: {description:?}");
             let has_cause = alert["labels"]["cause"].is_string() || expr.contains("cause");

@@ -74,11 +74,15 @@ impl CompactionOutcome {
 
     fn of(result: &Result<CompactionRecord, CompactionError>) -> Self {
         match result {
-            Ok(record) if record.quality_check == QualityCheck::Failed => CompactionOutcome::PreservationFailed,
-            Ok(record) if record.result_generation != record.source_generation => CompactionOutcome::Committed {
-                tokens_before: record.tokens_before,
-                tokens_after: record.tokens_after,
-            },
+            Ok(record) if record.quality_check == QualityCheck::Failed => {
+                CompactionOutcome::PreservationFailed
+            }
+            Ok(record) if record.result_generation != record.source_generation => {
+                CompactionOutcome::Committed {
+                    tokens_before: record.tokens_before,
+                    tokens_after: record.tokens_after,
+                }
+            }
             Ok(_) => CompactionOutcome::NothingToCompact,
             Err(error) if is_superseded(error) => CompactionOutcome::Superseded,
             Err(_) => CompactionOutcome::Failed,

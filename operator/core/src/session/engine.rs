@@ -33,13 +33,13 @@ use crate::tokens::{Calibration, TokenCounter, TokenizerError};
 use crate::tool_output::{ToolOutputError, elide_entry, plan_elision, spill};
 
 use super::compacting::{CompactionAsk, CompactionOutcome};
-use super::revocation::{DERIVED_FILE, DerivedState};
 use super::memory_tools;
 use super::render::body::{Assembly, ChunkedBody};
 use super::render::fragments::FragmentCache;
 use super::render::ledger::CallLedger;
 use super::render::tier1::Tier1Json;
 use super::render::{anthropic as render_anthropic, openai as render_openai};
+use super::revocation::{DERIVED_FILE, DerivedState};
 use super::settings::SessionSettings;
 use super::state::{CorruptState, StateDir};
 use super::sweep::{LIFECYCLE_FILE, Lifecycle, LifecycleLedger};

@@ -43,7 +43,8 @@ fn derived_kind(kind: EntryKind) -> Option<DerivedKind> {
 
 /// What a revoked summary says in its place.
 fn revoked_text(id: &str, made_under: Option<&DerivationScope>, current: &DerivationScope) -> String {
-    let under = made_under.map_or_else(|| "an earlier cache scope".to_owned(), |scope| format!("cache epoch {}", scope.epoch));
+    let under = made_under
+        .map_or_else(|| "an earlier cache scope".to_owned(), |scope| format!("cache epoch {}", scope.epoch));
     format!(
         "[{id} revoked: it was derived under {under}, and the agent now runs under cache epoch {} \
          (tenant cache revocation); the summary and the entries it replaced were purged and are not reused]",
@@ -79,7 +80,11 @@ impl SessionEngine {
     ) -> Result<Option<RevocationPurge>, EngineError> {
         let current = settings.derivation_scope();
         let generation = self.journal.generation();
-        if self.derived.checked.as_ref().is_some_and(|(checked, scope)| *checked == generation && *scope == current)
+        if self
+            .derived
+            .checked
+            .as_ref()
+            .is_some_and(|(checked, scope)| *checked == generation && *scope == current)
         {
             return Ok(None);
         }
@@ -172,7 +177,10 @@ impl SessionEngine {
             .kinds
             .iter()
             .map(|kind| {
-                (kind.kind.label().to_owned(), PurgedKind { files: kind.files_swept, bytes: kind.bytes_swept })
+                (
+                    kind.kind.label().to_owned(),
+                    PurgedKind { files: kind.files_swept, bytes: kind.bytes_swept },
+                )
             })
             .collect();
         // The stubs are not derived from anything: stamped under the current scope, they validate.

@@ -104,8 +104,14 @@ impl Metrics {
     /// The name of every metric family registered.
     pub fn names(&self) -> Vec<String> {
         use prometheus::core::Collector;
-        let collectors: [&dyn Collector; 6] =
-            [&self.reconciles, &self.errors, &self.duration, &self.leader, &self.requests, &self.refused_writes];
+        let collectors: [&dyn Collector; 6] = [
+            &self.reconciles,
+            &self.errors,
+            &self.duration,
+            &self.leader,
+            &self.requests,
+            &self.refused_writes,
+        ];
         collectors.iter().flat_map(|c| c.desc()).map(|desc| desc.fq_name.clone()).collect()
     }
 

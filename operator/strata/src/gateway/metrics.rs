@@ -106,7 +106,10 @@ struct Registrar {
 }
 
 impl Registrar {
-    fn register<C: prometheus::core::Collector + Clone + 'static>(&self, metric: C) -> Result<C, MetricsError> {
+    fn register<C: prometheus::core::Collector + Clone + 'static>(
+        &self,
+        metric: C,
+    ) -> Result<C, MetricsError> {
         self.names.borrow_mut().extend(metric.desc().iter().map(|desc| desc.fq_name.clone()));
         self.registry.register(Box::new(metric.clone()))?;
         Ok(metric)

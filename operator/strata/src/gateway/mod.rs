@@ -339,7 +339,11 @@ fn spawn_background(
         tokio::spawn(config::watch(args.config.clone(), targets)),
         tokio::spawn(proposals::watch(Arc::clone(gateway))),
         tokio::spawn(sweeper::run(Arc::clone(gateway))),
-        tokio::spawn(volume::measure(args.data_dir.clone(), Arc::clone(&gateway.volume), gateway.metrics.clone())),
+        tokio::spawn(volume::measure(
+            args.data_dir.clone(),
+            Arc::clone(&gateway.volume),
+            gateway.metrics.clone(),
+        )),
     ];
     if let Some(target) = reporter::ReportTarget::from_env() {
         tracing::info!(agent = %target.name, namespace = %target.namespace, "reporting status.context to the Agent");
