@@ -64,20 +64,28 @@ pub struct DerivedItem {
     pub stamped_at_ms: u64,
 }
 
-/// A derived artifact made under another scope than the current one: it must not enter a prompt.
+/// A derived artifact not stamped under the current scope: it must not enter a prompt.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error(
-    "{kind:?} {id} was derived under {made_under}, but the agent now runs under {current}; it is not reused"
-)]
 pub struct StaleDerivation {
     /// The artifact (e.g. an entry ID).
     pub id: String,
     /// Its kind.
     pub kind: DerivedKind,
-    /// The scope it was made under.
-    pub made_under: DerivationScope,
+    /// The scope it was made under (`None`: it carries no stamp).
+    pub made_under: Option<DerivationScope>,
     /// The scope in force.
     pub current: DerivationScope,
+}
+
+impl std::fmt::Display for StaleDerivation {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{} {} was ", self.kind.label(), self.id)?;
+        match &self.made_under {
+            Some(scope) => write!(f, "derived under {scope}")?,
+            None => f.write_str("never stamped")?,
+        }
+        write!(f, ", but the agent now runs under {}; it is not reused", self.current)
+    }
 }
 
 /// Files one revocation purge deleted, by kind.
@@ -147,19 +155,10 @@ impl DerivedLedger {
             Some(item) => Err(StaleDerivation {
                 id: id.to_owned(),
                 kind: item.kind,
-                made_under: item.scope.clone(),
+                made_under: Some(item.scope.clone()),
                 current: current.clone(),
             }),
-            None => Err(StaleDerivation {
-                id: id.to_owned(),
-                kind,
-                made_under: DerivationScope {
-                    tenant: String::new(),
-                    privacy_scope: "unstamped".to_owned(),
-                    epoch: 0,
-                },
-                current: current.clone(),
-            }),
+            None => Err(StaleDerivation { id: id.to_owned(), kind, made_under: None, current: current.clone() }),
         }
     }
 
@@ -210,14 +209,12 @@ mod tests {
         assert!(!ledger.record(DerivedKind::Summary, "summary_7", &scope(1), 11), "same stamp: no change");
         assert!(ledger.validate("summary_7", DerivedKind::Summary, &scope(1)).is_ok());
         let stale = ledger.validate("summary_7", DerivedKind::Summary, &scope(2)).unwrap_err();
-        assert_eq!(stale.made_under, scope(1));
+        assert_eq!(stale.made_under, Some(scope(1)));
         assert!(stale.to_string().contains("cache epoch 1") && stale.to_string().contains("cache epoch 2"));
         let other_scope = DerivationScope { privacy_scope: "user:ana".into(), ..scope(1) };
         assert!(ledger.validate("summary_7", DerivedKind::Summary, &other_scope).is_err());
-        assert!(
-            ledger.validate("summary_9", DerivedKind::Summary, &scope(1)).is_err(),
-            "unstamped is refused"
-        );
+        let unstamped = ledger.validate("summary_9", DerivedKind::Summary, &scope(1)).unwrap_err();
+        assert!(unstamped.made_under.is_none() && unstamped.to_string().contains("never stamped"));
         assert_eq!(ledger.stale(&scope(2)).len(), 1);
         assert!(ledger.stale(&scope(1)).is_empty());
     }

@@ -103,7 +103,7 @@ impl SessionEngine {
                     changed |= self.derived.ledger.record(kind, &id, &current, entry.created_at_ms);
                 }
             } else if let Err(refused) = self.derived.ledger.validate(&id, kind, &current) {
-                stale.push((id, Some(refused.made_under)));
+                stale.push((id, refused.made_under));
             }
         }
         let purge = if scope_changed || !stale.is_empty() {
