@@ -62,6 +62,9 @@ pub struct DerivedItem {
     pub scope: DerivationScope,
     /// When it was stamped (unix ms, the caller's clock).
     pub stamped_at_ms: u64,
+    /// Revoked: the entry now holds only a stub saying so, derived from nothing, never revoked again.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub revoked: bool,
 }
 
 /// A derived artifact not stamped under the current scope: it must not enter a prompt.
@@ -139,8 +142,19 @@ impl DerivedLedger {
         if self.items.get(id).is_some_and(|item| item.kind == kind && &item.scope == scope) {
             return false;
         }
-        self.items.insert(id.to_owned(), DerivedItem { kind, scope: scope.clone(), stamped_at_ms: now_ms });
+        self.items.insert(
+            id.to_owned(),
+            DerivedItem { kind, scope: scope.clone(), stamped_at_ms: now_ms, revoked: false },
+        );
         true
+    }
+
+    /// Marks `id` as revoked under `scope`: its entry holds only the revocation stub from now on.
+    pub fn record_revoked(&mut self, kind: DerivedKind, id: &str, scope: &DerivationScope, now_ms: u64) {
+        self.items.insert(
+            id.to_owned(),
+            DerivedItem { kind, scope: scope.clone(), stamped_at_ms: now_ms, revoked: true },
+        );
     }
 
     /// Whether `id` may enter a prompt under `current`: stamped, and stamped under `current`.
@@ -151,14 +165,16 @@ impl DerivedLedger {
         current: &DerivationScope,
     ) -> Result<(), StaleDerivation> {
         match self.items.get(id) {
-            Some(item) if &item.scope == current => Ok(()),
+            Some(item) if item.revoked || &item.scope == current => Ok(()),
             Some(item) => Err(StaleDerivation {
                 id: id.to_owned(),
                 kind: item.kind,
                 made_under: Some(item.scope.clone()),
                 current: current.clone(),
             }),
-            None => Err(StaleDerivation { id: id.to_owned(), kind, made_under: None, current: current.clone() }),
+            None => {
+                Err(StaleDerivation { id: id.to_owned(), kind, made_under: None, current: current.clone() })
+            }
         }
     }
 
@@ -171,7 +187,7 @@ impl DerivedLedger {
     pub fn stale(&self, current: &DerivationScope) -> Vec<(String, DerivedItem)> {
         self.items
             .iter()
-            .filter(|(_, item)| &item.scope != current)
+            .filter(|(_, item)| !item.revoked && &item.scope != current)
             .map(|(id, item)| (id.clone(), item.clone()))
             .collect()
     }

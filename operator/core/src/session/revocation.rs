@@ -10,7 +10,7 @@ use std::collections::{BTreeMap, HashSet};
 use super::engine::{EngineError, SessionEngine};
 use super::settings::SessionSettings;
 use crate::derived::{DerivationScope, DerivedKind, DerivedLedger, PurgedKind, RevocationPurge};
-use crate::entry::{Content, EntryDraft, EntryKind};
+use crate::entry::{Content, EntryDraft, EntryKind, ToolResult};
 use crate::journal::BaselineEntry;
 use crate::lifecycle::{KeepLimits, VolumeRetention};
 
@@ -43,12 +43,10 @@ fn derived_kind(kind: EntryKind) -> Option<DerivedKind> {
 
 /// What a revoked summary says in its place.
 fn revoked_text(id: &str, made_under: Option<&DerivationScope>, current: &DerivationScope) -> String {
-    let under = made_under
-        .map_or_else(|| "an earlier cache scope".to_owned(), |scope| format!("cache epoch {}", scope.epoch));
+    let under = made_under.map_or_else(|| "an earlier cache scope".to_owned(), ToString::to_string);
     format!(
-        "[{id} revoked: it was derived under {under}, and the agent now runs under cache epoch {} \
-         (tenant cache revocation); the summary and the entries it replaced were purged and are not reused]",
-        current.epoch
+        "[{id} revoked: it was derived under {under}, and the agent now runs under {current} \
+         (cache revocation); the summary and the entries it replaced were purged and are not reused]"
     )
 }
 
@@ -93,9 +91,15 @@ impl SessionEngine {
         let mut stale: Vec<(String, Option<DerivationScope>)> = Vec::new();
         let mut changed = self.derived.ledger.scope.is_none();
         for entry in self.journal.entries() {
-            let Some(kind) = derived_kind(entry.id.kind()) else { continue };
             let id = entry.id.to_string();
-            if !self.derived.ledger.items.contains_key(&id) {
+            // Derived: a summary, or any entry stamped in the ledger (another derived kind).
+            let stamp = self.derived.ledger.items.get(&id);
+            if stamp.is_some_and(|item| item.revoked) {
+                continue;
+            }
+            let stamped = stamp.map(|item| item.kind);
+            let Some(kind) = stamped.or_else(|| derived_kind(entry.id.kind())) else { continue };
+            if stamped.is_none() {
                 // Made since the last check: under the scope the volume was last served under.
                 if scope_changed {
                     stale.push((id, previous.clone()));
@@ -150,18 +154,38 @@ impl SessionEngine {
                     continue;
                 };
                 let text = revoked_text(&id, *under, current);
+                // A tool result keeps answering its calls, with the stub as its output.
+                let content = if entry.content.tool_results.is_empty() {
+                    Content::text(text.clone())
+                } else {
+                    Content {
+                        tool_results: entry
+                            .content
+                            .tool_results
+                            .iter()
+                            .map(|result| ToolResult { output: text.clone(), ..result.clone() })
+                            .collect(),
+                        ..Content::default()
+                    }
+                };
                 let draft = EntryDraft {
                     kind: entry.id.kind(),
                     role: entry.role,
                     tokens: u64::from(self.counter().count(&text)),
-                    content: Content::text(text),
+                    content,
                     retention: entry.retention,
                     created_at_ms: entry.created_at_ms,
                     artifact_refs: Vec::new(),
                 };
                 baseline.push(BaselineEntry::Rewrite { id: entry.id, draft });
-                let kind = derived_kind(entry.id.kind()).map_or("derived", DerivedKind::label);
-                revoked.entry(kind.to_owned()).or_default().push(id);
+                let kind = self
+                    .derived
+                    .ledger
+                    .items
+                    .get(&id)
+                    .map(|item| item.kind)
+                    .or_else(|| derived_kind(entry.id.kind()));
+                revoked.entry(kind.map_or("derived", DerivedKind::label).to_owned()).or_default().push(id);
             }
             self.journal.commit_generation(&snapshot, baseline, now_ms)?;
             self.after_rewrite()?;
@@ -183,10 +207,11 @@ impl SessionEngine {
                 )
             })
             .collect();
-        // The stubs are not derived from anything: stamped under the current scope, they validate.
+        // The stubs are derived from nothing: they are never validated or revoked again.
         for ids in revoked.values() {
             for id in ids {
-                self.derived.ledger.record(DerivedKind::Summary, id, current, now_ms);
+                let kind = self.derived.ledger.items.get(id).map_or(DerivedKind::Summary, |item| item.kind);
+                self.derived.ledger.record_revoked(kind, id, current, now_ms);
             }
         }
         self.forget_gone_stamps();
@@ -200,5 +225,87 @@ impl SessionEngine {
              {entries} derived entries replaced by stubs, {files} files deleted from the volume"
         ));
         Ok(purge)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use serde_json::Map;
+
+    use super::*;
+    use crate::budget::OperationId;
+    use crate::entry::{Role, ToolCall};
+    use crate::session::{Api, ChatRequest, Turn, TurnOutcome, TurnRequest};
+
+    fn turn(engine: &mut SessionEngine, settings: &SessionSettings, turns: Vec<Turn>, now_ms: u64) {
+        let chat = ChatRequest {
+            api: Api::OpenAi,
+            stream: false,
+            system_text: String::new(),
+            turns,
+            tools: Vec::new(),
+            params: Map::new(),
+            wants_usage: false,
+        };
+        let request = TurnRequest {
+            request: &chat,
+            transparent: false,
+            operation_id: OperationId::from_request("test", &now_ms.to_le_bytes()),
+            head: Map::new(),
+            now_ms,
+        };
+        assert!(matches!(engine.begin_turn(settings, request).unwrap(), TurnOutcome::Admitted(_)));
+    }
+
+    #[test]
+    fn a_stamped_entry_of_another_scope_is_revoked_and_a_tool_result_keeps_answering_its_call() {
+        let settings = SessionSettings::defaults(Api::OpenAi, 128_000);
+        let mut engine = SessionEngine::in_memory(&settings, 0).unwrap();
+        let call =
+            ToolCall { call_id: "call_1".into(), name: "delegate".into(), arguments_json: "{}".into() };
+        let result =
+            ToolResult { call_id: "call_1".into(), name: None, output: "the delegate's digest".into() };
+        turn(
+            &mut engine,
+            &settings,
+            vec![
+                Turn { role: Role::User, content: Content::text("delegate the review") },
+                Turn {
+                    role: Role::Assistant,
+                    content: Content { tool_calls: vec![call], ..Content::default() },
+                },
+                Turn {
+                    role: Role::Tool,
+                    content: Content { tool_results: vec![result], ..Content::default() },
+                },
+            ],
+            1,
+        );
+        assert_eq!(engine.derived_ledger().scope, Some(settings.derivation_scope()));
+        let digest =
+            engine.journal().entries().iter().find(|e| e.id.kind() == EntryKind::ToolResult).unwrap().id;
+        let old = DerivationScope { epoch: 7, ..settings.derivation_scope() };
+        engine.derived.ledger.record(DerivedKind::Summary, &digest.to_string(), &old, 1);
+        engine.derived.checked = None;
+
+        let purge = engine.validate_derived(&settings, 2).unwrap().expect("the stale entry is revoked");
+        assert_eq!(purge.from, None, "the scope itself did not change");
+        assert_eq!(purge.revoked["summary"], vec![digest.to_string()]);
+        let rewritten = engine.journal().entries().iter().find(|e| e.id == digest).unwrap();
+        let results = &rewritten.content.tool_results;
+        assert_eq!(results.len(), 1);
+        assert_eq!(results[0].call_id, "call_1", "the call stays answered");
+        assert!(
+            results[0].output.contains("revoked") && !results[0].output.contains("digest"),
+            "{results:?}"
+        );
+        assert!(engine.validate_derived(&settings, 3).unwrap().is_none(), "the stub validates");
+
+        let next_epoch = SessionSettings { cache_epoch: 1, ..settings.clone() };
+        let purge = engine.validate_derived(&next_epoch, 4).unwrap().expect("an epoch change purges");
+        assert_eq!(purge.from.map(|scope| scope.epoch), Some(0));
+        assert!(purge.revoked.is_empty(), "the stub is not derived from anything");
+        assert_eq!(engine.derived_ledger().purges.len(), 2);
     }
 }
