@@ -163,18 +163,21 @@ impl DerivedLedger {
         id: &str,
         kind: DerivedKind,
         current: &DerivationScope,
-    ) -> Result<(), StaleDerivation> {
+    ) -> Result<(), Box<StaleDerivation>> {
         match self.items.get(id) {
             Some(item) if item.revoked || &item.scope == current => Ok(()),
-            Some(item) => Err(StaleDerivation {
+            Some(item) => Err(Box::new(StaleDerivation {
                 id: id.to_owned(),
                 kind: item.kind,
                 made_under: Some(item.scope.clone()),
                 current: current.clone(),
-            }),
-            None => {
-                Err(StaleDerivation { id: id.to_owned(), kind, made_under: None, current: current.clone() })
-            }
+            })),
+            None => Err(Box::new(StaleDerivation {
+                id: id.to_owned(),
+                kind,
+                made_under: None,
+                current: current.clone(),
+            })),
         }
     }
 

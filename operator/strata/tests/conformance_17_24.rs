@@ -26,6 +26,9 @@ use strata_core::tokens::{TokenCounter, TokenizerKind};
 
 const CHAT: &str = "/v1/chat/completions";
 
+/// An edit of gateway.json.
+type ConfigEdit = Box<dyn FnOnce(&mut GatewayConfig)>;
+
 fn user(text: &str) -> Value {
     json!({"role": "user", "content": text})
 }
@@ -244,7 +247,7 @@ async fn criterion_03_material_changes_prevent_incompatible_reuse() {
     let mut keys = BTreeSet::from([fake.last()["prompt_cache_key"].as_str().unwrap().to_owned()]);
     let key_file = gateway.dir.path().join("api-key-2");
     std::fs::write(&key_file, "sk-another-upstream-key\n").unwrap();
-    let edits: Vec<(&str, Box<dyn FnOnce(&mut GatewayConfig)>)> = vec![
+    let edits: Vec<(&str, ConfigEdit)> = vec![
         ("policy", Box::new(|c: &mut GatewayConfig| c.policy.budget.warning_percent -= 1)),
         ("model", Box::new(|c: &mut GatewayConfig| c.upstream.model = "fake-model-2".into())),
         (
