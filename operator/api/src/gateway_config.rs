@@ -31,6 +31,10 @@ pub struct GatewayConfig {
     pub cache_key: String,
     /// First 16 hex characters of the cache key.
     pub cache_key_short: String,
+    /// The tenant's cache epoch (the namespace annotation `strata.dev/cache-epoch`): when it
+    /// changes, the gateway purges the context derived under the old one.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub cache_epoch: u64,
     /// How clients talk to the gateway.
     pub session_mode: SessionMode,
 }
@@ -54,6 +58,10 @@ pub struct AgentIdentity {
     /// `strata.dev/adopt-journal-from-uid` annotation).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub adopt_journal_from_uid: Option<String>,
+}
+
+fn is_zero(value: &u64) -> bool {
+    *value == 0
 }
 
 fn default_privacy_scope() -> String {
@@ -170,6 +178,7 @@ mod tests {
             stable_prefix: StablePrefixConfig::default(),
             cache_key: "ab".repeat(32),
             cache_key_short: "ab".repeat(8),
+            cache_epoch: 0,
             session_mode: SessionMode::Transparent,
         }
     }

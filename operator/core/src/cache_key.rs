@@ -9,13 +9,19 @@
 //!   canonicalisation version). Every field is preceded by its byte length as a big-endian u64,
 //!   so `("ab", "c")` and `("a", "bc")` encode differently.
 //!
+//! * [`bind_runtime`]: what the gateway sends upstream as the cache hint. It binds the controller's
+//!   key to what only the serving side knows and may change without a pod roll (spec §17.10): the
+//!   effective-policy version in force, the provider adapter and the runtime that render the
+//!   prompt, the authorization (a fingerprint of the upstream credential), and again tenant,
+//!   privacy scope, model and tokenizer (so a hand-written key is bound to them too).
+//!
 //! Keyed hashing means equal text in two tenants never yields equal keys (spec §17.19.1).
 //! Key material is never printed by `Debug` and is overwritten with zeros on drop.
 
 use hkdf::Hkdf;
 use hmac::{Hmac, KeyInit, Mac};
 use serde::{Deserialize, Serialize};
-use sha2::Sha256;
+use sha2::{Digest, Sha256};
 
 use crate::prefix::{SectionClass, StablePrefixManifest};
 use crate::tokens::TokenizerKind;
@@ -24,6 +30,8 @@ use crate::tokens::TokenizerKind;
 pub const TENANT_KEY_SALT: &[u8] = b"strata.cache-key.tenant/v1";
 /// Domain tag hashed before the tuple, so the MAC cannot collide with other uses of the key.
 pub const CACHE_KEY_DOMAIN: &[u8] = b"strata.cache-key.tuple/v1";
+/// Domain tag of [`bind_runtime`].
+pub const RUNTIME_BINDING_DOMAIN: &[u8] = b"strata.cache-key.runtime/v1";
 /// Shortest accepted master key.
 pub const MIN_MASTER_KEY_BYTES: usize = 32;
 /// Length of a derived tenant key.
@@ -269,6 +277,73 @@ pub fn compute_cache_key(tenant_key: &TenantKey, inputs: &CacheKeyInputs) -> Res
     Ok(CacheKey(hex::encode(mac.finalize().into_bytes())))
 }
 
+/// The serving side's compatibility dimensions, bound to the controller's key by [`bind_runtime`].
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct RuntimeBinding {
+    /// Tenant the gateway serves.
+    pub tenant: String,
+    /// Privacy scope of the agent.
+    pub privacy_scope: String,
+    /// Model id sent upstream.
+    pub model: String,
+    /// Tokenizer name.
+    pub tokenizer: String,
+    /// Version of the effective policy in force (its hash).
+    pub policy_version: String,
+    /// The provider adapter that renders the upstream body (e.g. `openai-chat/v1`).
+    pub adapter: String,
+    /// The runtime serving the agent (e.g. `strata-gateway/0.1.0`).
+    pub runtime: String,
+    /// Fingerprint of the upstream authorization (SHA-256 of the credential), or `none`.
+    pub authorization: String,
+    /// The tenant's cache epoch (also in the controller's key; bound again so a hand-written key
+    /// is revoked by an epoch bump too).
+    pub epoch: u64,
+}
+
+impl RuntimeBinding {
+    /// The unambiguous byte encoding (domain tag, then length-prefixed fields in declaration order).
+    pub fn encode(&self) -> Vec<u8> {
+        let fields = [
+            &self.tenant,
+            &self.privacy_scope,
+            &self.model,
+            &self.tokenizer,
+            &self.policy_version,
+            &self.adapter,
+            &self.runtime,
+            &self.authorization,
+        ];
+        let mut encoded = Vec::with_capacity(fields.iter().map(|field| field.len() + 8).sum::<usize>() + 40);
+        push_field(&mut encoded, RUNTIME_BINDING_DOMAIN);
+        for field in fields {
+            push_field(&mut encoded, field.as_bytes());
+        }
+        encoded.extend_from_slice(&self.epoch.to_be_bytes());
+        encoded
+    }
+}
+
+/// Fingerprint of an upstream credential for [`RuntimeBinding::authorization`]: SHA-256 hex, or
+/// `none` without one. It only ever enters the keyed MAC of [`bind_runtime`].
+pub fn authorization_fingerprint(credential: Option<&str>) -> String {
+    match credential {
+        Some(credential) => hex::encode(sha2::Sha256::digest(credential.as_bytes())),
+        None => "none".to_owned(),
+    }
+}
+
+/// `HMAC-SHA256(base, binding.encode())`: the controller's key `base` (its text as written in
+/// `gateway.json`) bound to the serving side's dimensions. Two tenants never share a base key, so
+/// they never share a bound key either; any change of a binding field gives another key.
+pub fn bind_runtime(base: &str, binding: &RuntimeBinding) -> CacheKey {
+    let mut mac = <Hmac<Sha256> as KeyInit>::new_from_slice(base.as_bytes())
+        .expect("HMAC-SHA256 accepts keys of every length");
+    mac.update(&binding.encode());
+    CacheKey(hex::encode(mac.finalize().into_bytes()))
+}
+
 #[cfg(test)]
 mod tests {
     #![allow(clippy::unwrap_used)]
@@ -346,6 +421,50 @@ mod tests {
         ));
         assert_eq!(MasterKey::new(vec![1; 31]).unwrap_err(), CacheKeyError::MasterKeyTooShort { actual: 31 });
         assert_eq!(derive_tenant_key(&master(), "", 1).unwrap_err(), CacheKeyError::EmptyTenantId);
+    }
+
+    fn binding() -> RuntimeBinding {
+        RuntimeBinding {
+            tenant: "acme".to_owned(),
+            privacy_scope: "tenant".to_owned(),
+            model: "gpt-5".to_owned(),
+            tokenizer: TokenizerKind::O200kBase.as_str().to_owned(),
+            policy_version: "aa".repeat(32),
+            adapter: "openai-chat/v1".to_owned(),
+            runtime: "strata-gateway/0.1.0".to_owned(),
+            authorization: authorization_fingerprint(Some("sk-1")),
+            epoch: 1,
+        }
+    }
+
+    #[test]
+    fn every_runtime_dimension_and_the_base_key_change_the_bound_key() {
+        let base = key("acme", 1, &inputs("acme"));
+        let bound = bind_runtime(base.as_hex(), &binding());
+        assert_eq!(bound, bind_runtime(base.as_hex(), &binding()), "deterministic");
+        let edits: [fn(&mut RuntimeBinding); 9] = [
+            |b| b.tenant.push('x'),
+            |b| b.privacy_scope = "user:ana".to_owned(),
+            |b| b.model = "gpt-5-mini".to_owned(),
+            |b| b.tokenizer = TokenizerKind::Cl100kBase.as_str().to_owned(),
+            |b| b.policy_version = "bb".repeat(32),
+            |b| b.adapter = "openai-compatible-chat/v1".to_owned(),
+            |b| b.runtime = "strata-gateway/0.2.0".to_owned(),
+            |b| b.authorization = authorization_fingerprint(Some("sk-2")),
+            |b| b.epoch = 2,
+        ];
+        for (index, edit) in edits.into_iter().enumerate() {
+            let mut changed = binding();
+            edit(&mut changed);
+            assert_ne!(bind_runtime(base.as_hex(), &changed), bound, "field {index} is not bound");
+        }
+        let next_epoch = key("acme", 2, &inputs("acme"));
+        assert_ne!(
+            bind_runtime(next_epoch.as_hex(), &binding()),
+            bound,
+            "the epoch is bound through the base"
+        );
+        assert_ne!(authorization_fingerprint(None), authorization_fingerprint(Some("")));
     }
 
     #[test]

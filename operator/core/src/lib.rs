@@ -11,6 +11,7 @@ pub mod compaction;
 pub mod compiler;
 pub mod dedup;
 pub mod delegation;
+pub mod derived;
 pub mod economics;
 pub mod entry;
 pub mod journal;

@@ -402,6 +402,7 @@ fn a_new_conversation_prunes_the_old_ones_chain_values() {
     let texts: Vec<&str> =
         engine.journal().entries().iter().map(|entry| entry.content.text.as_str()).collect();
     assert_eq!(texts, ["Plan today's deploy", "Step one: freeze.", "And step two?", "Step two: deploy."]);
+}
 
 /// A tool-results stage ceiling is enforced: once the results in the window exceed it, the oldest
 /// are elided to their head and a data_ref, and the stage fits again.

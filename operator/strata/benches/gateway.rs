@@ -150,6 +150,7 @@ fn config(fake: SocketAddr) -> GatewayConfig {
         },
         cache_key: "ab".repeat(32),
         cache_key_short: "ab".repeat(8),
+        cache_epoch: 0,
         session_mode: SessionMode::Stateful,
     }
 }

@@ -83,6 +83,7 @@ pub fn session_settings(
         },
         lazy_tools: lazy_tools_policy(policy),
         stages: stage_budgets(&policy.budget),
+        cache_epoch: 0,
     })
 }
 

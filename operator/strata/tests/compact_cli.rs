@@ -172,6 +172,7 @@ fn config(agent: &Agent, provider: Provider, endpoint: &str, context_window: u32
         stable_prefix: StablePrefixConfig::default(),
         cache_key: "ab".repeat(32),
         cache_key_short: "ab".repeat(8),
+        cache_epoch: 0,
         session_mode: SessionMode::Transparent,
     };
     let path = agent.root.join("gateway.json");

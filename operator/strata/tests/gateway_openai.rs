@@ -41,7 +41,14 @@ async fn a_turn_is_journaled_and_sent_as_a_compiled_packet() {
 
     let sent = fake.last();
     assert_eq!(sent["model"], "fake-model", "the sidecar decides the model");
-    assert_eq!(sent["prompt_cache_key"], CACHE_KEY);
+    let status = gateway.get_json("/strata/v1/status").await;
+    let bound = status["upstreamCacheKeyShort"].as_str().unwrap();
+    let sent_key = sent["prompt_cache_key"].as_str().unwrap();
+    assert!(sent_key.starts_with(bound) && sent_key.len() == 64, "{sent_key} is the bound key {bound}");
+    assert_ne!(
+        sent_key, CACHE_KEY,
+        "the controller's key is bound to policy, adapter, runtime and credential"
+    );
     assert_eq!(sent["temperature"], 0.2);
     assert_eq!(
         tool_names(&sent),
@@ -363,7 +370,12 @@ async fn identical_tool_less_requests_are_answered_from_the_response_cache() {
     assert_eq!(fake.seen().len(), 1, "the repeat did not reach the upstream");
     assert_eq!(gateway.entries().await.len(), 2, "and added nothing to the journal");
     let sent = fake.last();
-    assert_eq!(sent["cache_salt"], CACHE_KEY, "OpenAI-compatible servers get the cache key as cache_salt");
+    let status = gateway.get_json("/strata/v1/status").await;
+    let bound = status["upstreamCacheKeyShort"].as_str().unwrap();
+    assert!(
+        sent["cache_salt"].as_str().unwrap().starts_with(bound),
+        "OpenAI-compatible servers get the bound cache key as cache_salt"
+    );
     assert!(sent.get("prompt_cache_key").is_none());
 
     let tools = json!([{"type": "function", "function": {"name": "calc", "parameters": {"type": "object"}}}]);

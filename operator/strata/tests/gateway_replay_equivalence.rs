@@ -29,7 +29,7 @@ async fn assert_same_prompts(fake: &FakeUpstream, transcript: &Transcript) -> us
     // Replay: the same engine settings, the head the gateway adds to every upstream body.
     let mut head = Map::new();
     head.insert("model".into(), gateway_config.upstream.model.clone().into());
-    head.insert("prompt_cache_key".into(), gateway_config.cache_key.clone().into());
+    head.insert("prompt_cache_key".into(), settings.cache_key.as_hex().into());
     let options = ReplayOptions {
         provider: strata_core::replay::Provider::OpenAi,
         strata: settings.session,

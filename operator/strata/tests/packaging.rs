@@ -393,7 +393,7 @@ fn every_optional_feature_renders() {
     let Some(tools) = tools("every_optional_feature_renders") else { return };
     let docs = helm_all_features(&tools);
     let kinds: BTreeSet<&str> = docs.iter().map(kind).collect();
-    for wanted in ["ServiceMonitor", "NetworkPolicy", "ClusterContextPolicy", "ConfigMap"] {
+    for wanted in ["ServiceMonitor", "NetworkPolicy", "ClusterContextPolicy", "ConfigMap", "PrometheusRule"] {
         assert!(kinds.contains(wanted), "all-features render has no {wanted}: {kinds:?}");
     }
     let policy = the(&docs, "ClusterContextPolicy");
@@ -443,19 +443,68 @@ fn more_than_one_replica_needs_leader_election() {
 // ---------------------------------------------------------------------------------------------
 // Checks that need no tools
 
-/// Every `"strata_..."` metric name registered in a metrics module.
+/// Every metric name the controller's and the gateway's registries export.
 fn registered_metrics() -> BTreeSet<String> {
-    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
-    let mut names = BTreeSet::new();
-    for module in ["controller/metrics.rs", "gateway/metrics.rs"] {
-        let text = std::fs::read_to_string(src.join(module)).unwrap();
-        for piece in text.split('"').skip(1).step_by(2) {
-            if piece.starts_with("strata_") && piece.chars().all(|c| c.is_ascii_lowercase() || c == '_') {
-                names.insert(piece.to_string());
-            }
+    let mut names: BTreeSet<String> = strata::gateway::metric_names().unwrap().into_iter().collect();
+    names.extend(strata::controller::metrics::Metrics::new().unwrap().names());
+    names
+}
+
+/// The `strata_*` metric names `expr` queries that no registry exports (histogram series count as
+/// their family).
+fn unknown_metrics(expr: &str, known: &BTreeSet<String>) -> Vec<String> {
+    expr.split(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+        .filter(|word| word.starts_with("strata_"))
+        .filter(|word| {
+            let base = ["_bucket", "_sum", "_count"]
+                .iter()
+                .find_map(|suffix| word.strip_suffix(suffix).filter(|b| known.contains(*b)))
+                .unwrap_or(word);
+            !known.contains(base)
+        })
+        .map(str::to_owned)
+        .collect()
+}
+
+#[test]
+fn the_alerts_query_only_metrics_the_code_exports_and_say_what_to_do() {
+    let Some(tools) = tools("the_alerts_query_only_metrics_the_code_exports_and_say_what_to_do") else {
+        return;
+    };
+    let default = helm_default(&tools);
+    assert!(of_kind(&default, "PrometheusRule").is_empty(), "the alerts are opt-in");
+    let docs = helm_all_features(&tools);
+    let rule = the(&docs, "PrometheusRule");
+    let known = registered_metrics();
+    let mut alerts = BTreeSet::new();
+    let mut unknown = Vec::new();
+    for group in rule["spec"]["groups"].as_array().unwrap() {
+        for alert in group["rules"].as_array().unwrap() {
+            let name = alert["alert"].as_str().unwrap().to_owned();
+            let expr = alert["expr"].as_str().unwrap();
+            assert!(expr.contains("strata_gateway_"), "{name} queries no Strata metric: {expr}");
+            unknown
+                .extend(unknown_metrics(expr, &known).into_iter().map(|metric| format!("{name}: {metric}")));
+            let description = alert["annotations"]["description"].as_str().unwrap_or_default();
+            assert!(description.len() > 120, "{name} must say what to do: {description:?}");
+            let has_cause = alert["labels"]["cause"].is_string() || expr.contains("cause");
+            assert!(has_cause, "{name} carries no cause classification");
+            alerts.insert(name);
         }
     }
-    names
+    assert!(unknown.is_empty(), "the alerts query metrics no code exports: {unknown:?}");
+    for wanted in [
+        "StrataContextOverThreshold",
+        "StrataPrefixChurnSustained",
+        "StrataCompactionPreservationFailures",
+        "StrataBlockedOperations",
+        "StrataCompactionFailures",
+        "StrataVolumeNearlyFull",
+    ] {
+        assert!(alerts.contains(wanted), "the rule has no alert {wanted}: {alerts:?}");
+    }
+    let churn = unknown_metrics("strata_gateway_no_such_metric + strata_gateway_prefix_churn_total", &known);
+    assert_eq!(churn, ["strata_gateway_no_such_metric"], "the check itself finds unknown names");
 }
 
 #[test]
@@ -470,17 +519,8 @@ fn the_dashboard_queries_only_metrics_the_code_exports() {
         titles.insert(panel["title"].as_str().unwrap().to_string());
         for target in panel["targets"].as_array().into_iter().flatten() {
             let expr = target["expr"].as_str().unwrap();
-            for word in expr.split(|c: char| !(c.is_ascii_alphanumeric() || c == '_')) {
-                if !word.starts_with("strata_") {
-                    continue;
-                }
-                let base = ["_bucket", "_sum", "_count"]
-                    .iter()
-                    .find_map(|suffix| word.strip_suffix(suffix).filter(|b| known.contains(*b)))
-                    .unwrap_or(word);
-                if !known.contains(base) {
-                    unknown.push(format!("{}: {word}", panel["title"]));
-                }
+            for word in unknown_metrics(expr, &known) {
+                unknown.push(format!("{}: {word}", panel["title"]));
             }
         }
     }

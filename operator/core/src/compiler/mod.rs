@@ -7,12 +7,14 @@
 //! existing entries (elision, expiry, deduplication) arrive as batches of [`Treatment`]s; the
 //! compiler applies them and counts only the changed entries again.
 
+mod provenance;
 mod render;
 
 use std::collections::{BTreeMap, HashMap};
 
 use serde::Serialize;
 
+pub use provenance::{TrustClass, entry_provenance, section_provenance};
 pub use render::{id_tag, render_entry};
 
 use crate::budget::{BudgetError, BudgetPolicy, ContextBudget, ContextStatus};
@@ -110,6 +112,13 @@ pub struct InclusionDecision {
     pub tokens: u64,
     /// sha256 of its source (empty for telemetry).
     pub source_hash: String,
+    /// Where it comes from (`stable_prefix.system`, `client.user`, `model`, `tool`,
+    /// `strata.summary`, `strata.telemetry`, …).
+    pub source: &'static str,
+    /// How far it is trusted.
+    pub trust_class: TrustClass,
+    /// The privacy scope it belongs to (the agent's).
+    pub privacy_scope: String,
 }
 
 /// The compiled, model-visible packet. It borrows the compiler's state: building it is O(1) in the history.
@@ -362,10 +371,11 @@ impl ContextCompiler {
     }
 
     /// Every inclusion decision, Tier 1 to Tier 3 (for the inspector; O(history)).
-    pub fn decisions(&self) -> Vec<InclusionDecision> {
+    pub fn decisions(&self, privacy_scope: &str) -> Vec<InclusionDecision> {
         let mut decisions = Vec::with_capacity(self.rendered.len() + 4);
         let manifest = self.prefix.manifest();
         for section in &manifest.sections {
+            let (source, trust_class) = section_provenance(section.class);
             decisions.push(InclusionDecision {
                 id: format!("tier1.{}", section.id),
                 tier: 1,
@@ -373,9 +383,13 @@ impl ContextCompiler {
                 reason: InclusionReason::StablePrefix,
                 tokens: u64::from(section.tokens),
                 source_hash: section.source_hash.clone(),
+                source,
+                trust_class,
+                privacy_scope: privacy_scope.to_owned(),
             });
         }
         for entry in &self.rendered {
+            let (source, trust_class) = entry_provenance(entry.id.kind(), entry.role);
             decisions.push(InclusionDecision {
                 id: entry.id.to_string(),
                 tier: 2,
@@ -383,8 +397,12 @@ impl ContextCompiler {
                 reason: entry.reason,
                 tokens: entry.tokens,
                 source_hash: entry.source_hash.clone(),
+                source,
+                trust_class,
+                privacy_scope: privacy_scope.to_owned(),
             });
         }
+        let (source, trust_class) = provenance::TELEMETRY_PROVENANCE;
         decisions.push(InclusionDecision {
             id: "tier3.telemetry".into(),
             tier: 3,
@@ -392,6 +410,9 @@ impl ContextCompiler {
             reason: InclusionReason::Telemetry,
             tokens: render::TELEMETRY_TOKENS,
             source_hash: String::new(),
+            source,
+            trust_class,
+            privacy_scope: privacy_scope.to_owned(),
         });
         decisions
     }

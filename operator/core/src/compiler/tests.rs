@@ -183,7 +183,8 @@ fn decisions_cover_every_section_and_entry() {
     let entries = history(&counter, 4);
     let mut compiler = ContextCompiler::new(prefix(&counter), BreakpointPlacement::Off);
     compiler.sync(1, &entries, &counter);
-    let decisions = compiler.decisions();
+    let decisions = compiler.decisions("workspace:alpha");
+    assert!(decisions.iter().all(|d| d.privacy_scope == "workspace:alpha" && !d.source.is_empty()));
     let tier1 = decisions.iter().filter(|d| d.tier == 1).count();
     assert_eq!(tier1, compiler.prefix().manifest().sections.len());
     assert_eq!(decisions.iter().filter(|d| d.tier == 2).count(), 4);

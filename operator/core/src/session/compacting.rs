@@ -14,7 +14,7 @@
 
 use crate::compaction::{
     CompactedState, CompactionError, CompactionMode, CompactionRecord, CompactionRequest, Conclusion,
-    EXTRACTIVE_VERSION, ExtractiveSummarizer, PreparedCompaction, write_record,
+    EXTRACTIVE_VERSION, ExtractiveSummarizer, PreparedCompaction, QualityCheck, write_record,
 };
 use crate::journal::JournalError;
 
@@ -36,6 +36,57 @@ impl CompactionAsk {
     /// An ask of `mode` for `reason`, without a resume instruction.
     pub fn new(mode: CompactionMode, reason: impl Into<String>) -> Self {
         Self { mode, reason: reason.into(), resume_instruction: None }
+    }
+}
+
+/// How one compaction concluded, for the host's metrics (spec §17.20: compaction savings and the
+/// preservation failure rate).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CompactionOutcome {
+    /// The journal switched to the compacted generation.
+    Committed {
+        /// Tokens of the compacted span before.
+        tokens_before: u64,
+        /// Tokens of the baseline that replaced it.
+        tokens_after: u64,
+    },
+    /// The preservation check failed: the old generation stays current.
+    PreservationFailed,
+    /// There was nothing to compact.
+    NothingToCompact,
+    /// The journal moved on under the snapshot; dropped.
+    Superseded,
+    /// It could not run (archive, record or proposal failure).
+    Failed,
+}
+
+impl CompactionOutcome {
+    /// Label value for metrics.
+    pub fn label(self) -> &'static str {
+        match self {
+            CompactionOutcome::Committed { .. } => "committed",
+            CompactionOutcome::PreservationFailed => "preservation_failed",
+            CompactionOutcome::NothingToCompact => "nothing_to_compact",
+            CompactionOutcome::Superseded => "superseded",
+            CompactionOutcome::Failed => "failed",
+        }
+    }
+
+    fn of(result: &Result<CompactionRecord, CompactionError>) -> Self {
+        match result {
+            Ok(record) if record.quality_check == QualityCheck::Failed => {
+                CompactionOutcome::PreservationFailed
+            }
+            Ok(record) if record.result_generation != record.source_generation => {
+                CompactionOutcome::Committed {
+                    tokens_before: record.tokens_before,
+                    tokens_after: record.tokens_after,
+                }
+            }
+            Ok(_) => CompactionOutcome::NothingToCompact,
+            Err(error) if is_superseded(error) => CompactionOutcome::Superseded,
+            Err(_) => CompactionOutcome::Failed,
+        }
     }
 }
 
@@ -69,6 +120,20 @@ impl SessionEngine {
     /// archive failure) is `Ok(Err(..))` or a Failed record and leaves the context unchanged;
     /// journal faults are engine errors.
     pub fn finish_compaction(
+        &mut self,
+        settings: &SessionSettings,
+        prepared: PreparedCompaction,
+        state: CompactedState,
+        version: &str,
+        now_ms: u64,
+    ) -> Result<Result<CompactionRecord, CompactionError>, EngineError> {
+        let result = self.conclude_compaction(settings, prepared, state, version, now_ms)?;
+        self.compaction_outcomes_mut().push(CompactionOutcome::of(&result));
+        Ok(result)
+    }
+
+    /// [`SessionEngine::finish_compaction`] without the tally.
+    fn conclude_compaction(
         &mut self,
         settings: &SessionSettings,
         prepared: PreparedCompaction,
@@ -112,6 +177,11 @@ impl SessionEngine {
         let summarizer = ExtractiveSummarizer { max_summary_tokens: settings.compaction.max_summary_tokens };
         let state = summarizer.summarize_now(prepared.summary_input());
         self.finish_compaction(settings, prepared, state, EXTRACTIVE_VERSION, now_ms)
+    }
+
+    /// The compactions concluded since the last call, oldest first (taken once).
+    pub fn take_compaction_outcomes(&mut self) -> Vec<CompactionOutcome> {
+        std::mem::take(self.compaction_outcomes_mut())
     }
 
     /// The compaction the engine asked its host to run, if any (asked once; taken once).

@@ -23,6 +23,7 @@ use crate::compiler::{
 };
 use crate::dedup::{DedupIndex, render_duplicate};
 use crate::delegation::ExpertDigest;
+use crate::derived::DerivedLedger;
 use crate::economics::expected_remaining_calls;
 use crate::entry::{Content, Entry, EntryDraft, EntryId, EntryKind, RetentionClass, Role, ToolResult};
 use crate::journal::sim::SimStorage;
@@ -37,13 +38,14 @@ use crate::tokens::{Calibration, TokenCounter, TokenizerError};
 use crate::tool_output::{ToolOutputError, elide_entry, plan_elision, spill};
 
 use super::capabilities::{ToolBlockStats, ToolView};
-use super::compacting::CompactionAsk;
+use super::compacting::{CompactionAsk, CompactionOutcome};
 use super::memory_tools;
 use super::render::body::{Assembly, ChunkedBody};
 use super::render::fragments::FragmentCache;
 use super::render::ledger::CallLedger;
 use super::render::tier1::Tier1Json;
 use super::render::{anthropic as render_anthropic, openai as render_openai};
+use super::revocation::{DERIVED_FILE, DerivedState};
 use super::settings::SessionSettings;
 use super::state::{CorruptState, StateDir};
 use super::sweep::{LIFECYCLE_FILE, Lifecycle, LifecycleLedger};
@@ -201,6 +203,10 @@ pub struct UpstreamCall {
     pub stages: Vec<StageUsage>,
     /// The client's `max_tokens`, when it was above the output reserve and lowered to it.
     pub max_tokens_clamp: Option<MaxTokensClamp>,
+    /// The source material behind the packet: the context with Tier 2 counted as journaled
+    /// (before elision, expiry and deduplication) instead of as sent. Over `status.tokens` it is
+    /// the context compression ratio (spec §17.20).
+    pub source_tokens: u64,
 }
 
 /// The client's request as the engine takes it.
@@ -350,6 +356,12 @@ pub struct EntrySummary {
     /// Artifacts holding the entry's full output (spilled, or elided from the window).
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub data_refs: Vec<String>,
+    /// Where it comes from (see [`InclusionDecision::source`]).
+    pub source: &'static str,
+    /// How far it is trusted.
+    pub trust_class: crate::compiler::TrustClass,
+    /// The privacy scope it belongs to.
+    pub privacy_scope: String,
 }
 
 /// The lower limits the inspector simulates, in percent of the real limit.
@@ -388,6 +400,8 @@ pub struct SessionEngine {
     client_system: String,
     system_split: VolatileSplit,
     pub(super) tenant: String,
+    /// The agent's privacy scope, recorded on every inclusion decision.
+    privacy_scope: String,
     /// State files found corrupt at open (started afresh).
     corrupt_state: Vec<CorruptState>,
     /// A compaction waiting for the host's model summariser.
@@ -402,6 +416,10 @@ pub struct SessionEngine {
     tool_stats: ToolBlockStats,
     /// The request text the tools were last ranked against.
     ranked_query: String,
+    /// Derived context stamped with its cache scope (the revocation purge).
+    pub(super) derived: DerivedState,
+    /// Compactions concluded since the host last took them.
+    compaction_outcomes: Vec<CompactionOutcome>,
 }
 
 /// The files a group commit fsyncs, and the write count it covers.
@@ -491,6 +509,7 @@ impl SessionEngine {
         transparent: TransparentIndex,
         settings: &SessionSettings,
     ) -> Result<Self, EngineError> {
+        let opened_at_ms = options.now_ms;
         let (journal, report) = Journal::open(Arc::clone(&storage), data_dir, options)?;
         let mut transparent = transparent;
         transparent.forget_unissued(journal.next_entry_number())?;
@@ -509,6 +528,8 @@ impl SessionEngine {
         let (ledger, damaged): (LifecycleLedger, _) = state.read(LIFECYCLE_FILE)?;
         corrupt.extend(damaged);
         let (tool_view, damaged): (ToolView, _) = state.read(TOOL_VIEW_FILE)?;
+        corrupt.extend(damaged);
+        let (derived, damaged): (DerivedLedger, _) = state.read(DERIVED_FILE)?;
         corrupt.extend(damaged);
         for (digest, at_ms) in &ledger.swept {
             store.mark_swept(digest, *at_ms);
@@ -547,6 +568,7 @@ impl SessionEngine {
             client_system: String::new(),
             system_split: VolatileSplit::default(),
             tenant: settings.tenant.clone(),
+            privacy_scope: settings.compaction.privacy_scope.clone(),
             corrupt_state: corrupt,
             asked: None,
             tool_view,
@@ -554,9 +576,12 @@ impl SessionEngine {
             ordered_tools: Vec::new(),
             tool_stats: ToolBlockStats::default(),
             ranked_query: String::new(),
+            derived: DerivedState::new(derived),
+            compaction_outcomes: Vec::new(),
         };
         engine.prepare_prefix(settings, "", &[])?;
         engine.rebuild_window(settings)?;
+        engine.validate_derived(settings, opened_at_ms)?;
         engine.pending_churn = ChurnCause::Cold;
         Ok(engine)
     }
@@ -632,6 +657,7 @@ impl SessionEngine {
                 self.sync_window()?;
             }
         }
+        self.validate_derived(settings, now_ms())?;
         Ok(())
     }
 
@@ -1397,6 +1423,7 @@ impl SessionEngine {
             tokens: u64::from(self.counter.count(&packet.telemetry)),
             hash: String::new(),
         });
+        let source_tokens = packet.status.tokens.saturating_sub(tier2_tokens) + self.journal.total_tokens();
         let call = UpstreamCall {
             body,
             status: packet.status,
@@ -1415,6 +1442,7 @@ impl SessionEngine {
                 ),
             ),
             max_tokens_clamp,
+            source_tokens,
         };
         Ok(call)
     }
@@ -1459,6 +1487,10 @@ impl SessionEngine {
         &mut self.asked
     }
 
+    pub(super) fn compaction_outcomes_mut(&mut self) -> &mut Vec<CompactionOutcome> {
+        &mut self.compaction_outcomes
+    }
+
     /// Re-synchronises Tier 2 after a memory tool rewrote the journal.
     pub(super) fn after_rewrite(&mut self) -> Result<(), EngineError> {
         self.sync_window().map(|_| ())
@@ -1484,7 +1516,7 @@ impl SessionEngine {
 
     /// Every entry of the current generation with its window treatment.
     pub fn entry_summaries(&self) -> Vec<EntrySummary> {
-        let decisions = self.compiler.decisions();
+        let decisions = self.decisions();
         let window: std::collections::HashMap<&str, &InclusionDecision> =
             decisions.iter().filter(|d| d.tier == 2).map(|d| (d.id.as_str(), d)).collect();
         self.journal
@@ -1504,6 +1536,12 @@ impl SessionEngine {
                     created_at_ms: entry.created_at_ms,
                     content_hash: entry.content_hash.clone(),
                     data_refs: super::inspect::data_refs(entry, reason).into_iter().collect(),
+                    source: decision.map_or("journal", |d| d.source),
+                    trust_class: decision.map_or_else(
+                        || crate::compiler::entry_provenance(entry.id.kind(), entry.role).1,
+                        |d| d.trust_class,
+                    ),
+                    privacy_scope: self.privacy_scope.clone(),
                     id,
                 }
             })
@@ -1517,7 +1555,7 @@ impl SessionEngine {
 
     /// Every inclusion decision of the current packet, Tier 1 to Tier 3.
     pub fn decisions(&self) -> Vec<InclusionDecision> {
-        self.compiler.decisions()
+        self.compiler.decisions(&self.privacy_scope)
     }
 
     /// Here is the client's request: journals its new turns (redacted, spilled, deduplicated),
@@ -1531,6 +1569,9 @@ impl SessionEngine {
         let TurnRequest { request, transparent, operation_id, head, now_ms } = turn;
         if self.tenant != settings.tenant {
             self.tenant.clone_from(&settings.tenant);
+        }
+        if self.privacy_scope != settings.compaction.privacy_scope {
+            self.privacy_scope.clone_from(&settings.compaction.privacy_scope);
         }
         self.refresh(settings, false)?;
         self.rank_tools(settings, latest_user_text(&request.turns))?;
@@ -1583,6 +1624,7 @@ impl SessionEngine {
                 u64::from(self.compact_in_process(settings, CompactionMode::Budget, reason, now_ms)?);
         }
         let chain_tail = transparent.then(|| chains.last().copied().unwrap_or([0; 32]));
+        self.validate_derived(settings, now_ms)?;
         let first_call = self.next_call(settings, head)?;
         Ok(TurnOutcome::Admitted(Box::new(AdmittedTurn {
             new_entries,

@@ -15,6 +15,7 @@ pub mod memory_tools;
 pub mod openai_messages;
 pub mod protocol;
 pub mod render;
+mod revocation;
 pub mod settings;
 mod state;
 pub mod sweep;
@@ -22,7 +23,7 @@ pub mod tool_schema;
 pub mod transparent;
 pub mod turn;
 
-pub use compacting::{CompactionAsk, is_superseded};
+pub use compacting::{CompactionAsk, CompactionOutcome, is_superseded};
 pub use engine::{
     AnswerEffects, ChurnCause, DigestRecord, EngineError, EntrySummary, LOWER_BUDGET_PERCENTS, Rewind,
     RewindCause, SectionSummary, SessionEngine, TurnOutcome, TurnRequest, UpstreamCall, now_ms,

@@ -67,6 +67,8 @@ pub struct SessionSettings {
     pub lazy_tools: LazyToolsPolicy,
     /// Per-section ceilings after the output reserve.
     pub stages: StageBudgets,
+    /// The tenant's cache epoch: derived context made under another one is revoked and purged.
+    pub cache_epoch: u64,
 }
 
 impl SessionSettings {
@@ -96,6 +98,7 @@ impl SessionSettings {
             delegation: DelegationPolicy::default(),
             lazy_tools: LazyToolsPolicy::default(),
             stages: StageBudgets::default(),
+            cache_epoch: 0,
         }
     }
 

@@ -101,6 +101,20 @@ impl Metrics {
         self.leader.set(i64::from(leading));
     }
 
+    /// The name of every metric family registered.
+    pub fn names(&self) -> Vec<String> {
+        use prometheus::core::Collector;
+        let collectors: [&dyn Collector; 6] = [
+            &self.reconciles,
+            &self.errors,
+            &self.duration,
+            &self.leader,
+            &self.requests,
+            &self.refused_writes,
+        ];
+        collectors.iter().flat_map(|c| c.desc()).map(|desc| desc.fq_name.clone()).collect()
+    }
+
     /// The Prometheus text exposition of every metric.
     pub fn render(&self) -> String {
         let mut buffer = Vec::new();

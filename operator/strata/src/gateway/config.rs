@@ -9,6 +9,7 @@ use std::time::{Duration, SystemTime};
 use strata_api::agent::Provider;
 use strata_api::gateway_config::{GatewayConfig, GatewayConfigError};
 use strata_core::budget::BudgetError;
+use strata_core::cache_key::{CacheKey, RuntimeBinding, authorization_fingerprint, bind_runtime};
 use strata_core::journal::Storage;
 use strata_core::redaction::PatternError;
 use strata_core::retention::RetentionRuleError;
@@ -72,6 +73,35 @@ pub enum ConfigError {
     },
 }
 
+/// The runtime identity bound into every upstream cache key.
+pub const RUNTIME_IDENTITY: &str = concat!("strata-gateway/", env!("CARGO_PKG_VERSION"));
+
+/// The provider adapter that renders the upstream body, as bound into the cache key.
+pub fn adapter_id(provider: Provider) -> &'static str {
+    match provider {
+        Provider::OpenAI => "openai-chat/v1",
+        Provider::Anthropic => "anthropic-messages/v1",
+        Provider::OpenAICompatible => "openai-compatible-chat/v1",
+    }
+}
+
+/// The cache key the gateway sends upstream for `config`: the controller's key bound to the policy
+/// version in force, the adapter, this runtime and the credential (see [`bind_runtime`]).
+pub fn runtime_cache_key(config: &GatewayConfig, api_key: Option<&str>) -> CacheKey {
+    let binding = RuntimeBinding {
+        tenant: config.agent.namespace.clone(),
+        privacy_scope: config.agent.privacy_scope.clone(),
+        model: config.upstream.model.clone(),
+        tokenizer: engine_policy::tokenizer_kind(config.upstream.tokenizer).as_str().to_owned(),
+        policy_version: strata_api::effective::policy_hash(&config.policy),
+        adapter: adapter_id(config.upstream.provider).to_owned(),
+        runtime: RUNTIME_IDENTITY.to_owned(),
+        authorization: authorization_fingerprint(api_key),
+        epoch: config.cache_epoch,
+    };
+    bind_runtime(&config.cache_key, &binding)
+}
+
 /// Distinguishes loaded versions of the settings.
 static REVISIONS: AtomicU64 = AtomicU64::new(0);
 
@@ -83,6 +113,8 @@ pub struct Settings {
     pub session: SessionSettings,
     /// Upstream API key, when a key file is configured.
     pub api_key: Option<String>,
+    /// The cache key sent upstream and scoping the response cache ([`runtime_cache_key`]).
+    pub cache_key: CacheKey,
 }
 
 impl std::fmt::Debug for Settings {
@@ -116,6 +148,7 @@ impl Settings {
         })?;
         let session = SessionSettings {
             revision: REVISIONS.fetch_add(1, Ordering::Relaxed),
+            cache_epoch: config.cache_epoch,
             stable_prefix: strata_core::prefix::StablePrefixSources {
                 system_prompt: config.stable_prefix.system_prompt.clone(),
                 tools: config.stable_prefix.tools.clone(),
@@ -131,7 +164,8 @@ impl Settings {
             }
             None => None,
         };
-        Ok(Settings { config, session, api_key })
+        let cache_key = runtime_cache_key(&config, api_key.as_deref());
+        Ok(Settings { config, session, api_key, cache_key })
     }
 
     /// Reads, parses and derives the settings of the file at `path`.

@@ -13,10 +13,11 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use strata_core::journal::{JournalError, Storage};
-use strata_core::session::{EngineError, SessionEngine, now_ms};
+use strata_core::session::{CompactionOutcome, EngineError, SessionEngine, now_ms};
 
 use super::config::Settings;
 use super::errors::GatewayError;
+use super::metrics::Metrics;
 
 /// The file written and fsynced to check that storage works again before a reload.
 const PROBE_FILE: &str = "gateway/.write-probe";
@@ -48,6 +49,8 @@ pub struct EngineHost {
     synced: AtomicU64,
     flushing: tokio::sync::Mutex<()>,
     reloads: AtomicU64,
+    /// Where the compactions the engine concluded are counted.
+    metrics: Metrics,
 }
 
 impl std::fmt::Debug for EngineHost {
@@ -78,7 +81,7 @@ fn is_storage_fault(error: &EngineError) -> bool {
 
 impl EngineHost {
     /// Hosts `engine`, opened on `storage` at `data_dir`.
-    pub fn new(engine: SessionEngine, storage: Arc<dyn Storage>, data_dir: &Path) -> Self {
+    pub fn new(engine: SessionEngine, storage: Arc<dyn Storage>, data_dir: &Path, metrics: Metrics) -> Self {
         Self {
             data_dir: data_dir.to_owned(),
             storage,
@@ -87,6 +90,18 @@ impl EngineHost {
             synced: AtomicU64::new(0),
             flushing: tokio::sync::Mutex::new(()),
             reloads: AtomicU64::new(0),
+            metrics,
+        }
+    }
+
+    /// Counts concluded compactions: by outcome, and the tokens of committed ones before and after.
+    fn count_compactions(&self, outcomes: Vec<CompactionOutcome>) {
+        for outcome in outcomes {
+            self.metrics.compaction_outcomes.with_label_values(&[outcome.label()]).inc();
+            if let CompactionOutcome::Committed { tokens_before, tokens_after } = outcome {
+                self.metrics.compaction_tokens.with_label_values(&["before"]).inc_by(tokens_before);
+                self.metrics.compaction_tokens.with_label_values(&["after"]).inc_by(tokens_after);
+            }
         }
     }
 
@@ -199,6 +214,7 @@ impl EngineHost {
             for warning in engine.take_warnings() {
                 tracing::warn!(%warning, "session engine");
             }
+            host.count_compactions(engine.take_compaction_outcomes());
             let seq = engine.appended_seq();
             let poisoned = engine.journal().is_poisoned();
             let value = match value {
@@ -311,7 +327,8 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let settings = settings(dir.path());
         let engine = SessionEngine::open(dir.path(), &settings.session, now_ms()).unwrap();
-        let host = Arc::new(EngineHost::new(engine, Arc::new(StdStorage), dir.path()));
+        let metrics = Metrics::new().unwrap();
+        let host = Arc::new(EngineHost::new(engine, Arc::new(StdStorage), dir.path(), metrics));
         let generation =
             host.run(Arc::clone(&settings), |engine| Ok(engine.journal().generation())).await.unwrap();
 

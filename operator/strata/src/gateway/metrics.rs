@@ -1,8 +1,8 @@
 //! Prometheus metrics of the gateway, served on the metrics listener.
 
 use prometheus::{
-    Encoder, Histogram, HistogramOpts, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry,
-    TextEncoder,
+    Encoder, Gauge, Histogram, HistogramOpts, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts,
+    Registry, TextEncoder,
 };
 
 /// A metric could not be registered.
@@ -22,6 +22,8 @@ impl From<prometheus::Error> for MetricsError {
 #[derive(Debug, Clone)]
 pub struct Metrics {
     registry: Registry,
+    /// The name of every metric family registered, in registration order.
+    names: Vec<String>,
     /// Tokens in the compiled context.
     pub context_tokens: IntGauge,
     /// The context limit.
@@ -34,6 +36,16 @@ pub struct Metrics {
     pub completion_tokens: IntCounter,
     /// Stable-prefix churn by cause.
     pub churn: IntCounterVec,
+    /// Upstream calls whose prompt the provider served partly from its prefix cache (`hit`: cached
+    /// tokens reported) or not at all (`miss`).
+    pub prefix_cache_requests: IntCounterVec,
+    /// Source material over injected context at the last call (spec §17.20 compression ratio).
+    pub compression_ratio: Gauge,
+    /// Compactions concluded, by outcome (committed, preservation_failed, nothing_to_compact,
+    /// superseded, failed).
+    pub compaction_outcomes: IntCounterVec,
+    /// Tokens of committed compactions' spans before and of their baselines after (`stage`).
+    pub compaction_tokens: IntCounterVec,
     /// Transparent-session journal rewinds (the client's history diverged), by cause.
     pub transparent_rewinds: IntCounterVec,
     /// Requests whose system prompt carried volatile material moved below the cache boundary, by kind.
@@ -69,6 +81,10 @@ pub struct Metrics {
     pub sweep_failures: IntCounter,
     /// Bytes used under the data directory.
     pub volume_bytes: IntGauge,
+    /// Size of the filesystem holding the data directory.
+    pub volume_capacity_bytes: IntGauge,
+    /// Bytes still available to the gateway on that filesystem.
+    pub volume_available_bytes: IntGauge,
     /// State files found corrupt (and started afresh) when the data directory was opened.
     pub corrupt_state_files: IntCounter,
     /// 1 while gateway.json on disk cannot be used (an older config, or none, is in force).
@@ -98,54 +114,73 @@ pub struct Metrics {
 }
 
 fn gauge_vec(
-    registry: &Registry,
+    registry: &Registrar,
     name: &str,
     help: &str,
     labels: &[&str],
 ) -> Result<IntGaugeVec, MetricsError> {
     let metric = IntGaugeVec::new(Opts::new(name, help), labels)?;
-    registry.register(Box::new(metric.clone()))?;
-    Ok(metric)
+    registry.register(metric)
+}
+
+/// A registry that remembers the names it registered (a family with no samples yet, such as a
+/// labelled counter never incremented, is absent from `Registry::gather`).
+#[derive(Default)]
+struct Registrar {
+    registry: Registry,
+    names: std::cell::RefCell<Vec<String>>,
+}
+
+impl Registrar {
+    fn register<C: prometheus::core::Collector + Clone + 'static>(
+        &self,
+        metric: C,
+    ) -> Result<C, MetricsError> {
+        self.names.borrow_mut().extend(metric.desc().iter().map(|desc| desc.fq_name.clone()));
+        self.registry.register(Box::new(metric.clone()))?;
+        Ok(metric)
+    }
 }
 
 fn counter_vec(
-    registry: &Registry,
+    registry: &Registrar,
     name: &str,
     help: &str,
     labels: &[&str],
 ) -> Result<IntCounterVec, MetricsError> {
     let metric = IntCounterVec::new(Opts::new(name, help), labels)?;
-    registry.register(Box::new(metric.clone()))?;
-    Ok(metric)
+    registry.register(metric)
 }
 
-fn counter(registry: &Registry, name: &str, help: &str) -> Result<IntCounter, MetricsError> {
+fn counter(registry: &Registrar, name: &str, help: &str) -> Result<IntCounter, MetricsError> {
     let metric = IntCounter::new(name, help)?;
-    registry.register(Box::new(metric.clone()))?;
-    Ok(metric)
+    registry.register(metric)
 }
 
-fn gauge(registry: &Registry, name: &str, help: &str) -> Result<IntGauge, MetricsError> {
+fn gauge(registry: &Registrar, name: &str, help: &str) -> Result<IntGauge, MetricsError> {
     let metric = IntGauge::new(name, help)?;
-    registry.register(Box::new(metric.clone()))?;
-    Ok(metric)
+    registry.register(metric)
+}
+
+fn float_gauge(registry: &Registrar, name: &str, help: &str) -> Result<Gauge, MetricsError> {
+    let metric = Gauge::new(name, help)?;
+    registry.register(metric)
 }
 
 fn histogram(
-    registry: &Registry,
+    registry: &Registrar,
     name: &str,
     help: &str,
     buckets: Vec<f64>,
 ) -> Result<Histogram, MetricsError> {
     let metric = Histogram::with_opts(HistogramOpts::new(name, help).buckets(buckets))?;
-    registry.register(Box::new(metric.clone()))?;
-    Ok(metric)
+    registry.register(metric)
 }
 
 impl Metrics {
     /// Registers every metric in a fresh registry.
     pub fn new() -> Result<Self, MetricsError> {
-        let registry = Registry::new();
+        let registry = Registrar::default();
         let overhead_buckets =
             vec![25e-6, 50e-6, 100e-6, 150e-6, 250e-6, 500e-6, 1e-3, 2.5e-3, 5e-3, 10e-3, 50e-3];
         let upstream_buckets = vec![1e-3, 10e-3, 100e-3, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0];
@@ -181,6 +216,29 @@ impl Metrics {
                 "strata_gateway_prefix_churn_total",
                 "Requests whose cached prefix changed, by cause",
                 &["cause"],
+            )?,
+            prefix_cache_requests: counter_vec(
+                &registry,
+                "strata_gateway_prefix_cache_requests_total",
+                "Upstream calls by prefix-cache outcome as the provider's usage reports it: hit (some prompt tokens were cached) or miss (none were)",
+                &["outcome"],
+            )?,
+            compression_ratio: float_gauge(
+                &registry,
+                "strata_gateway_context_compression_ratio",
+                "Source material over injected context at the last call: the context with its entries counted as journaled, over the tokens sent",
+            )?,
+            compaction_outcomes: counter_vec(
+                &registry,
+                "strata_gateway_compaction_outcomes_total",
+                "Compactions concluded, by outcome (committed, preservation_failed: the preservation check failed and the old generation stays, nothing_to_compact, superseded, failed)",
+                &["outcome"],
+            )?,
+            compaction_tokens: counter_vec(
+                &registry,
+                "strata_gateway_compaction_tokens_total",
+                "Tokens of committed compactions: the compacted spans before and their baselines after (stage)",
+                &["stage"],
             )?,
             transparent_rewinds: counter_vec(
                 &registry,
@@ -280,6 +338,16 @@ impl Metrics {
                 "strata_gateway_volume_bytes",
                 "Bytes used under the data directory (journal, artifacts, state), measured every 30 s",
             )?,
+            volume_capacity_bytes: gauge(
+                &registry,
+                "strata_gateway_volume_capacity_bytes",
+                "Size of the filesystem holding the data directory, measured every 30 s",
+            )?,
+            volume_available_bytes: gauge(
+                &registry,
+                "strata_gateway_volume_available_bytes",
+                "Bytes still available to the gateway on the filesystem holding the data directory, measured every 30 s",
+            )?,
             corrupt_state_files: counter(
                 &registry,
                 "strata_gateway_corrupt_state_files_total",
@@ -343,8 +411,15 @@ impl Metrics {
                 "Each prompt section's tokens at the last upstream call (output_reserve, system, tools, memory, tool_results, history): used, and allocated by the stage budgets",
                 &["stage", "kind"],
             )?,
-            registry,
+            names: registry.names.into_inner(),
+            registry: registry.registry,
         })
+    }
+
+    /// The name of every metric family registered (for checks that alerts and dashboards query
+    /// only exported metrics).
+    pub fn names(&self) -> &[String] {
+        &self.names
     }
 
     /// The text exposition.

@@ -34,9 +34,16 @@ use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
+pub use metrics::MetricsError;
 pub use pending::DEFAULT_MAX_HELD_BYTES;
 pub use pipeline::SESSION_HEADER;
 pub use upstream::DEFAULT_MAX_RESPONSE_BYTES;
+
+/// The name of every metric family the gateway exports (alerts and dashboards are checked
+/// against it).
+pub fn metric_names() -> Result<Vec<String>, MetricsError> {
+    Ok(metrics::Metrics::new()?.names().to_vec())
+}
 
 /// Largest request body accepted by default (32 MiB).
 pub const DEFAULT_MAX_BODY_BYTES: usize = 32 * 1024 * 1024;
@@ -292,7 +299,8 @@ fn assemble(
     .map_err(|error| Box::new(StartError::from(error)))?;
     let live = config::LiveSettings::new(settings);
     live.set_problem(problem);
-    let engine = Arc::new(engine_host::EngineHost::new(engine, Arc::clone(storage), &args.data_dir));
+    let engine =
+        Arc::new(engine_host::EngineHost::new(engine, Arc::clone(storage), &args.data_dir, metrics.clone()));
     let compactor = Arc::new(compactor::Compactor::new(
         Arc::clone(&engine),
         live.clone(),
@@ -335,7 +343,7 @@ fn spawn_background(
         tokio::spawn(volume::measure(
             args.data_dir.clone(),
             Arc::clone(&gateway.volume),
-            gateway.metrics.volume_bytes.clone(),
+            gateway.metrics.clone(),
         )),
     ];
     if let Some(target) = reporter::ReportTarget::from_env() {

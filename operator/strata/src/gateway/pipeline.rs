@@ -134,7 +134,12 @@ pub fn upstream_head(settings: &Settings, request: &ChatRequest) -> Map<String, 
         head.insert("stream".into(), true.into());
     }
     let provider = settings.provider();
-    adapter(request.api).add_upstream_fields(&mut head, provider, &settings.config.cache_key, request.stream);
+    adapter(request.api).add_upstream_fields(
+        &mut head,
+        provider,
+        &settings.cache_key.as_hex(),
+        request.stream,
+    );
     head
 }
 
@@ -271,6 +276,9 @@ async fn plan(gateway: &Gateway, prepared: &mut Prepared) -> Result<UpstreamCall
         prepared.max_tokens_clamp = call.max_tokens_clamp;
         gateway.metrics.max_tokens_clamped.inc();
     }
+    if call.status.tokens > 0 {
+        gateway.metrics.compression_ratio.set(call.source_tokens as f64 / call.status.tokens as f64);
+    }
     prepared.overhead += started.elapsed();
     Ok(call)
 }
@@ -386,6 +394,8 @@ async fn record_round(
         metrics.prompt_tokens.with_label_values(&["fresh"]).inc_by(usage.fresh_tokens());
         metrics.prompt_tokens.with_label_values(&["cached"]).inc_by(usage.cached_tokens);
         metrics.prompt_tokens.with_label_values(&["cache_write"]).inc_by(usage.cache_write_tokens);
+        let outcome = if usage.cached_tokens > 0 { "hit" } else { "miss" };
+        metrics.prefix_cache_requests.with_label_values(&[outcome]).inc();
         metrics.completion_tokens.inc_by(usage.completion_tokens);
     }
     metrics.upstream_calls.with_label_values(&["ok"]).inc();
@@ -685,9 +695,10 @@ pub async fn chat(
     headers: HeaderMap,
     body: Bytes,
 ) -> Result<Response, GatewayError> {
-    let ttl = response_cache_ttl(&gateway.live.get());
-    let cache_key =
-        (!ttl.is_zero() && !headers.contains_key(SESSION_HEADER)).then(|| response_cache::key(api, &body));
+    let settings = gateway.live.get();
+    let ttl = response_cache_ttl(&settings);
+    let cache_key = (!ttl.is_zero() && !headers.contains_key(SESSION_HEADER))
+        .then(|| response_cache::key(api, &settings.cache_key, &body));
     if let Some(key) = &cache_key
         && let Some(answer) = gateway.responses.get(key, ttl)
     {

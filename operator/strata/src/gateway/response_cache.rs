@@ -33,13 +33,15 @@ pub struct ResponseCache {
     answers: Mutex<HashMap<CacheKey, CachedAnswer>>,
 }
 
-/// The key of a request body on `api`.
-pub fn key(api: Api, body: &[u8]) -> CacheKey {
+/// The key of a request body on `api` under the upstream cache key `scope`: an answer is reused
+/// only while the policy, model, adapter, runtime, credential and tenant it was made under hold.
+pub fn key(api: Api, scope: &strata_core::cache_key::CacheKey, body: &[u8]) -> CacheKey {
     let mut hasher = Sha256::new();
     hasher.update([match api {
         Api::OpenAi => 0u8,
         Api::Anthropic => 1u8,
     }]);
+    hasher.update(scope.as_hex().as_bytes());
     hasher.update(body);
     hasher.finalize().into()
 }
@@ -76,11 +78,29 @@ impl ResponseCache {
 mod tests {
     use super::*;
 
+    use strata_core::cache_key::{RuntimeBinding, bind_runtime};
+
+    fn scope(policy_version: &str) -> strata_core::cache_key::CacheKey {
+        let binding = RuntimeBinding {
+            tenant: "ns".into(),
+            privacy_scope: "tenant".into(),
+            model: "m".into(),
+            tokenizer: "approximate".into(),
+            policy_version: policy_version.into(),
+            adapter: "openai-chat/v1".into(),
+            runtime: "strata-gateway/test".into(),
+            authorization: "none".into(),
+            epoch: 0,
+        };
+        bind_runtime("base", &binding)
+    }
+
     #[test]
     fn answers_expire_after_the_ttl() {
         let cache = ResponseCache::default();
-        let key = key(Api::OpenAi, b"{}");
-        assert_ne!(key, super::key(Api::Anthropic, b"{}"));
+        let key = key(Api::OpenAi, &scope("p1"), b"{}");
+        assert_ne!(key, super::key(Api::Anthropic, &scope("p1"), b"{}"));
+        assert_ne!(key, super::key(Api::OpenAi, &scope("p2"), b"{}"), "another policy, another entry");
         cache.put(key, false, Bytes::from_static(b"answer"), Duration::from_secs(60));
         assert_eq!(
             cache.get(&key, Duration::from_secs(60)).map(|a| a.body),

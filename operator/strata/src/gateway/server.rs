@@ -8,7 +8,7 @@ use axum::extract::{Path, Request, State};
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
-use serde_json::json;
+use serde_json::{Value, json};
 
 use super::errors::{GatewayError, json_response};
 use super::pipeline::{Gateway, chat};
@@ -213,11 +213,12 @@ async fn status(State(gateway): State<Arc<Gateway>>) -> Response {
                 journal.generation(),
                 journal.entries().len(),
                 journal.total_tokens(),
+                derived_status(engine.derived_ledger()),
             ))
         })
         .await;
     match snapshot {
-        Ok((status, generation, entries, journal_tokens)) => json_response(
+        Ok((status, generation, entries, journal_tokens, derived)) => json_response(
             StatusCode::OK,
             &json!({
                 "agent": {"name": settings.config.agent.name, "namespace": settings.config.agent.namespace},
@@ -227,6 +228,7 @@ async fn status(State(gateway): State<Arc<Gateway>>) -> Response {
                 "entries": entries,
                 "journalTokens": journal_tokens,
                 "cacheKeyShort": settings.config.cache_key_short,
+                "upstreamCacheKeyShort": settings.cache_key.short(),
                 "sessionMode": settings.config.session_mode,
                 "budget": settings.session.budget,
                 "engineReloads": gateway.engine.reloads(),
@@ -237,10 +239,21 @@ async fn status(State(gateway): State<Arc<Gateway>>) -> Response {
                 "volumeBytes": gateway.volume.bytes(),
                 "volumeRetention": settings.session.volume,
                 "sweeper": gateway.sweeps.status(),
+                "derived": derived,
             }),
         ),
         Err(error) => error.into_response_for(provider_api(&gateway)),
     }
+}
+
+/// The cache scope derived context is made under, how many derived items carry a stamp, and the
+/// last revocation purges (spec §17.10).
+fn derived_status(ledger: &strata_core::derived::DerivedLedger) -> Value {
+    json!({
+        "scope": ledger.scope,
+        "stamped": ledger.items.len(),
+        "revocationPurges": ledger.purges,
+    })
 }
 
 async fn entries(State(gateway): State<Arc<Gateway>>) -> Response {

@@ -443,6 +443,7 @@ pub fn config(fake: &FakeUpstream, provider: Provider, dir: &Path) -> GatewayCon
         },
         cache_key: CACHE_KEY.into(),
         cache_key_short: CACHE_KEY[..16].into(),
+        cache_epoch: 0,
         session_mode: SessionMode::Transparent,
     }
 }

@@ -58,6 +58,7 @@ pub fn gateway_config(meta: &ChildMeta, agent: &Agent, validated: &Validated) ->
         },
         cache_key: validated.cache_key.as_hex().to_string(),
         cache_key_short: validated.cache_key.short().to_string(),
+        cache_epoch: validated.epoch,
         session_mode: agent.spec.session_mode.unwrap_or(strata_api::agent::SessionMode::Transparent),
     }
 }
