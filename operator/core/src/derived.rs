@@ -41,6 +41,8 @@ impl std::fmt::Display for DerivationScope {
 pub enum DerivedKind {
     /// A journal entry written by a compaction or a purge in place of the entries it replaced.
     Summary,
+    /// A delegation's result entry, which holds the digest the parent sees.
+    Digest,
 }
 
 impl DerivedKind {
@@ -48,6 +50,7 @@ impl DerivedKind {
     pub fn label(self) -> &'static str {
         match self {
             DerivedKind::Summary => "summary",
+            DerivedKind::Digest => "digest",
         }
     }
 }

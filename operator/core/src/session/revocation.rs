@@ -10,7 +10,7 @@ use std::collections::{BTreeMap, HashSet};
 use super::engine::{EngineError, SessionEngine};
 use super::settings::SessionSettings;
 use crate::derived::{DerivationScope, DerivedKind, DerivedLedger, PurgedKind, RevocationPurge};
-use crate::entry::{Content, EntryDraft, EntryKind, ToolResult};
+use crate::entry::{Content, Entry, EntryDraft, EntryKind, ToolResult};
 use crate::journal::BaselineEntry;
 use crate::lifecycle::{KeepLimits, VolumeRetention};
 
@@ -33,10 +33,18 @@ impl DerivedState {
     }
 }
 
-/// The derived kind of a journal entry, if it is derived context.
-fn derived_kind(kind: EntryKind) -> Option<DerivedKind> {
-    match kind {
+/// The derived kind of a journal entry, if it is derived context: a summary, or a delegation's
+/// result, which the parent only ever sees as a digest.
+fn derived_kind(entry: &Entry, settings: &SessionSettings) -> Option<DerivedKind> {
+    match entry.id.kind() {
         EntryKind::Summary => Some(DerivedKind::Summary),
+        EntryKind::ToolResult
+            if entry.content.tool_results.iter().any(|result| {
+                result.name.as_deref().is_some_and(|name| settings.delegation.is_delegation(name))
+            }) =>
+        {
+            Some(DerivedKind::Digest)
+        }
         EntryKind::Message | EntryKind::ToolCall | EntryKind::ToolResult => None,
     }
 }
@@ -46,7 +54,7 @@ fn revoked_text(id: &str, made_under: Option<&DerivationScope>, current: &Deriva
     let under = made_under.map_or_else(|| "an earlier cache scope".to_owned(), ToString::to_string);
     format!(
         "[{id} revoked: it was derived under {under}, and the agent now runs under {current} \
-         (cache revocation); the summary and the entries it replaced were purged and are not reused]"
+         (cache revocation); the derived text and what it was derived from were purged and are not reused]"
     )
 }
 
@@ -98,7 +106,7 @@ impl SessionEngine {
                 continue;
             }
             let stamped = stamp.map(|item| item.kind);
-            let Some(kind) = stamped.or_else(|| derived_kind(entry.id.kind())) else { continue };
+            let Some(kind) = stamped.or_else(|| derived_kind(entry, settings)) else { continue };
             if stamped.is_none() {
                 // Made since the last check: under the scope the volume was last served under.
                 if scope_changed {
@@ -184,7 +192,7 @@ impl SessionEngine {
                     .items
                     .get(&id)
                     .map(|item| item.kind)
-                    .or_else(|| derived_kind(entry.id.kind()));
+                    .or_else(|| derived_kind(entry, settings));
                 revoked.entry(kind.map_or("derived", DerivedKind::label).to_owned()).or_default().push(id);
             }
             self.journal.commit_generation(&snapshot, baseline, now_ms)?;
@@ -307,5 +315,46 @@ mod tests {
         assert_eq!(purge.from.map(|scope| scope.epoch), Some(0));
         assert!(purge.revoked.is_empty(), "the stub is not derived from anything");
         assert_eq!(engine.derived_ledger().purges.len(), 2);
+    }
+
+    #[test]
+    fn a_delegation_digest_is_stamped_and_revoked_when_the_epoch_changes() {
+        let mut settings = SessionSettings::defaults(Api::OpenAi, 128_000);
+        settings.delegation.tools = vec!["task".into()];
+        let mut engine = SessionEngine::in_memory(&settings, 0).unwrap();
+        let call = ToolCall { call_id: "call_1".into(), name: "task".into(), arguments_json: "{}".into() };
+        let output = "Findings: the flaky test races on the shared port 8125. Decision: give each worker its own port.";
+        let result =
+            ToolResult { call_id: "call_1".into(), name: Some("task".into()), output: output.into() };
+        turn(
+            &mut engine,
+            &settings,
+            vec![
+                Turn { role: Role::User, content: Content::text("find why the test is flaky") },
+                Turn {
+                    role: Role::Assistant,
+                    content: Content { tool_calls: vec![call], ..Content::default() },
+                },
+                Turn {
+                    role: Role::Tool,
+                    content: Content { tool_results: vec![result], ..Content::default() },
+                },
+            ],
+            1,
+        );
+        engine.derived.checked = None;
+        assert!(engine.validate_derived(&settings, 2).unwrap().is_none(), "made under the current scope");
+        let digest =
+            engine.journal().entries().iter().find(|e| e.id.kind() == EntryKind::ToolResult).unwrap().id;
+        let stamp = &engine.derived_ledger().items[&digest.to_string()];
+        assert_eq!(stamp.kind, DerivedKind::Digest, "the digest is stamped as derived context");
+
+        let next_epoch = SessionSettings { cache_epoch: 1, ..settings.clone() };
+        let purge = engine.validate_derived(&next_epoch, 3).unwrap().expect("an epoch change purges");
+        assert_eq!(purge.revoked["digest"], vec![digest.to_string()]);
+        let rewritten = engine.journal().entries().iter().find(|e| e.id == digest).unwrap();
+        assert_eq!(rewritten.content.tool_results[0].call_id, "call_1", "the call stays answered");
+        assert!(rewritten.content.tool_results[0].output.contains("revoked"));
+        assert!(!rewritten.content.tool_results[0].output.contains("8125"), "the digest is not reused");
     }
 }
