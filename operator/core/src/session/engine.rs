@@ -286,7 +286,7 @@ pub struct AnswerEffects {
     pub elided_entries: u64,
     /// Entries expired.
     pub expired_entries: u64,
-    /// What elision moved off-window: each artifact with the text it must read back as.
+    /// What elision and expiry moved off-window: each artifact with the text it must read back as.
     pub offloaded: Vec<(ArtifactRef, String)>,
 }
 
@@ -482,7 +482,7 @@ impl SessionEngine {
             prefix_inputs: None,
             tier1: Tier1Json::default(),
             transparent,
-            dedup: DedupIndex::new(),
+            dedup: DedupIndex::with_enabled(settings.deduplicate),
             ledger: CallLedger::default(),
             fragments: FragmentCache::default(),
             assembly: Assembly::default(),
@@ -552,7 +552,7 @@ impl SessionEngine {
         self.compiler.set_volatile_context(&volatile, &self.counter);
         self.compiler.sync(self.journal.generation(), self.journal.entries(), &self.counter);
         self.ledger.rebuild(self.journal.entries());
-        self.dedup = DedupIndex::new();
+        self.dedup.clear();
         let mut batch = BTreeMap::new();
         for entry in self.journal.entries() {
             if let Some(original) = self.dedup.observe(entry) {
@@ -612,7 +612,7 @@ impl SessionEngine {
                 let live: HashSet<EntryId> = entries.iter().map(|entry| entry.id).collect();
                 self.elided.retain(|id| live.contains(id));
                 self.ledger.rebuild(entries);
-                self.dedup = DedupIndex::new();
+                self.dedup.clear();
                 for entry in entries {
                     self.dedup.observe(entry);
                 }
@@ -712,7 +712,11 @@ impl SessionEngine {
     /// Removes Ephemeral entries whose retention TTL has passed, in cache-aware batches (an entry
     /// overdue by twice its TTL forces a batch). Returns the entries and the tokens removed per
     /// later call.
-    fn expire_ephemeral(&mut self, settings: &SessionSettings, now_ms: u64) -> Result<Treated, EngineError> {
+    fn expire_ephemeral(
+        &mut self,
+        settings: &SessionSettings,
+        now_ms: u64,
+    ) -> Result<(Treated, Offloaded), EngineError> {
         let entries = self.journal.entries();
         let ttl_of = |entry: &Entry| {
             if entry.retention != RetentionClass::Ephemeral {
@@ -732,12 +736,19 @@ impl SessionEngine {
             expected_remaining_calls(self.calls),
             settings.pricing(),
         ) else {
-            return Ok(Treated::default());
+            return Ok((Treated::default(), Vec::new()));
         };
         let wanted: HashSet<EntryId> = planned.ids.iter().copied().collect();
         let mut batch = BTreeMap::new();
+        let mut offloaded = Vec::new();
         for entry in entries.iter().filter(|entry| wanted.contains(&entry.id)) {
             batch.insert(entry.id, Self::expiry_treatment(&self.store, &settings.tenant, entry)?);
+            // The stub names the artifacts holding each output (stored just above; `put` is
+            // idempotent and content-addressed).
+            for result in &entry.content.tool_results {
+                let data_ref = self.store.put(&settings.tenant, result.output.as_bytes())?;
+                offloaded.push((data_ref, result.output.clone()));
+            }
         }
         self.expired.extend(batch.keys().copied());
         self.compiler.apply_treatments(batch, entries, &self.counter)?;
@@ -746,7 +757,7 @@ impl SessionEngine {
             self.pending_churn = ChurnCause::HistoryRewrite;
         }
         self.state.write(EXPIRED_FILE, &Some(&self.expired))?;
-        Ok(Treated { entries: planned.ids.len() as u64, tokens: planned.saved_tokens })
+        Ok((Treated { entries: planned.ids.len() as u64, tokens: planned.saved_tokens }, offloaded))
     }
 
     /// Elides old large tool results when the batch pays for the cache rewrite (seed 002 #5).
@@ -1373,8 +1384,9 @@ impl SessionEngine {
         if let Some(usage) = output.usage {
             self.observe_usage(call.status.tokens, usage.prompt_tokens)?;
         }
-        let expired = self.expire_ephemeral(settings, now_ms)?;
-        let (elided, offloaded) = self.elide_old_results(settings)?;
+        let (expired, mut offloaded) = self.expire_ephemeral(settings, now_ms)?;
+        let (elided, elided_offloaded) = self.elide_old_results(settings)?;
+        offloaded.extend(elided_offloaded);
         let mut effects = AnswerEffects {
             internal: !memory_calls.is_empty() && memory_calls.len() == output.tool_calls.len(),
             memory_calls: memory_calls.iter().map(|c| c.name.clone()).collect(),
