@@ -56,19 +56,21 @@ pub struct SweepGrid {
 }
 
 impl SweepGrid {
-    /// The built-in coarse grid: the defaults and a step either side of each knob, dedup on and
-    /// off, and three per-tool treatments.
+    /// The built-in coarse grid (72 points): spill thresholds and previews around the defaults,
+    /// two elision ages, dedup on and off, and three per-tool treatments; the defaults are one of
+    /// its points. Refine with a grid file.
     pub fn coarse() -> Self {
         SweepGrid {
-            max_result_chars: vec![4000, 8000, 16000],
-            preview_chars: vec![1500, 4000],
-            elide_after_rounds: vec![2, 4, 8],
-            elide_over_chars: vec![1000, 2000, 4000],
-            elide_keep_chars: vec![400, 800],
+            max_result_chars: vec![2000, 4000, 8000],
+            preview_chars: vec![250, 1000],
+            elide_after_rounds: vec![2, 4],
+            elide_over_chars: vec![2000],
+            elide_keep_chars: vec![800],
             deduplicate: vec![true, false],
             tool_treatments: vec![
                 ToolTreatment { name: "policy".into(), rules: Vec::new() },
                 ToolTreatment { name: "searches-ephemeral".into(), rules: vec![searches_ephemeral()] },
+                ToolTreatment { name: "test-runs-ephemeral".into(), rules: vec![test_runs_ephemeral()] },
             ],
         }
     }
@@ -121,6 +123,23 @@ fn searches_ephemeral() -> RetentionRule {
             roles: Some(vec![Role::Tool]),
             tool_names: Some(tools.iter().map(|t| (*t).to_owned()).collect()),
             content_regex: None,
+        },
+        ttl_seconds: Some(600),
+    }
+}
+
+/// Test-run outputs (a pytest or unittest summary line), whatever the tool, as Ephemeral for ten
+/// minutes: the next run supersedes them.
+fn test_runs_ephemeral() -> RetentionRule {
+    RetentionRule {
+        name: "test-runs-ephemeral".into(),
+        class: RetentionClass::Ephemeral,
+        matcher: RetentionMatch {
+            roles: Some(vec![Role::Tool]),
+            tool_names: None,
+            content_regex: Some(
+                r"(?m)^(=+ .*\b(passed|failed|error)\b.* in [0-9.]+s.*=+|Ran [0-9]+ tests? in )".into(),
+            ),
         },
         ttl_seconds: Some(600),
     }
@@ -199,7 +218,7 @@ impl SweepPoint {
         })
     }
 
-    /// A short label: `spill 8000/4000 elide 4/2000/800 dedup on policy`.
+    /// A short label: `spill 2000/250 elide 4/2000/800 dedup on policy`.
     pub fn label(&self) -> String {
         format!(
             "spill {}/{} elide {}/{}/{} dedup {} {}",
@@ -250,6 +269,11 @@ pub struct CorpusScore {
 }
 
 impl CorpusScore {
+    /// Cost without read-backs, as a multiple of naive-with-cache.
+    pub fn ratio(&self) -> f64 {
+        if self.naive_units > 0.0 { self.units / self.naive_units } else { 0.0 }
+    }
+
     /// Cost with read-backs, as a multiple of naive-with-cache.
     pub fn ratio_with_read_backs(&self) -> f64 {
         if self.naive_units > 0.0 { (self.units + self.read_back_units) / self.naive_units } else { 0.0 }
@@ -452,7 +476,7 @@ mod tests {
     }
 
     #[test]
-    fn the_coarse_grid_skips_previews_longer_than_the_threshold() {
+    fn grids_skip_previews_longer_than_the_threshold_and_the_coarse_one_holds_the_defaults() {
         let grid = SweepGrid {
             max_result_chars: vec![1000, 8000],
             preview_chars: vec![500, 4000],
@@ -465,7 +489,9 @@ mod tests {
         let points = grid.points();
         assert_eq!(points.len(), 3, "1000/4000 and keep 3000 > over 2000 are skipped");
         assert!(points.iter().all(|p| p.preview_chars <= p.max_result_chars && p.treatment.is_none()));
-        assert!(SweepGrid::coarse().points().iter().any(|p| {
+        let coarse = SweepGrid::coarse().points();
+        assert_eq!(coarse.len(), 72);
+        assert!(coarse.iter().any(|p| {
             p.is_base(&SweepPoint::of(&SessionSettings::defaults(crate::session::Api::OpenAi, 1000)))
         }));
     }

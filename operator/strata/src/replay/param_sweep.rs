@@ -126,15 +126,22 @@ pub fn run(sweep: &SweepInputs<'_>, options: &ReplayOptions, counter: &TokenCoun
 fn row(out: &mut String, mark: &str, result: &PointResult) {
     let _ = write!(
         out,
-        "{mark:<2}{:<58} {:>8.3} {:>6} {:>6} {:>8}",
+        "{mark:<2}{:<58} {:>7.3} {:>8.3} {:>6} {:>6} {:>8}",
         result.point.label(),
+        result.total.ratio(),
         result.total.ratio_with_read_backs(),
         result.total.uses,
         result.total.read_backs,
         result.total.unrecoverable
     );
     for corpus in &result.corpora {
-        let _ = write!(out, " | {:>8.3} {:>6}", corpus.ratio_with_read_backs(), corpus.read_backs);
+        let _ = write!(
+            out,
+            " | {:>7.3} {:>8.3} {:>6}",
+            corpus.ratio(),
+            corpus.ratio_with_read_backs(),
+            corpus.read_backs
+        );
     }
     out.push('\n');
 }
@@ -167,9 +174,15 @@ pub fn render(
         out,
         "Pareto front: cost with read-backs (x naive) against read-backs, points with 0 unrecoverable uses"
     );
-    let _ = write!(out, "  {:<58} {:>8} {:>6} {:>6} {:>8}", "point", "x+reads", "uses", "reads", "unrecov");
+    let _ = write!(
+        out,
+        "  {:<58} {:>7} {:>8} {:>6} {:>6} {:>8}",
+        "point", "x-naive", "x+reads", "uses", "reads", "unrecov"
+    );
     for index in 0..corpora.len() {
-        let _ = write!(out, " | {:>8} {:>6}", format!("c{} x+r", index + 1), "reads");
+        let corpus = index + 1;
+        let _ =
+            write!(out, " | {:>7} {:>8} {:>6}", format!("c{corpus} x"), format!("c{corpus} x+r"), "reads");
     }
     out.push('\n');
     for &index in front {
@@ -188,7 +201,7 @@ pub fn render(
     let lossy = results.iter().filter(|r| r.total.unrecoverable > 0).count();
     let _ = writeln!(
         out,
-        "point: spill maxResultChars/previewChars, elide elideAfterRounds/elideOverChars/elideKeepChars, dedup, per-tool treatment; {lossy} point(s) with unrecoverable uses left off the front"
+        "point: spill maxResultChars/previewChars, elide elideAfterRounds/elideOverChars/elideKeepChars, dedup, per-tool treatment; x-naive: cost without read-backs; x+reads: with them; cN: corpus N; {lossy} point(s) with unrecoverable uses left off the front"
     );
     out
 }
