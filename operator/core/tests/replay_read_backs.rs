@@ -44,7 +44,10 @@ fn session(quote_at_the_end: bool) -> String {
 #[test]
 fn a_quoted_line_of_an_elided_output_costs_exactly_one_read_back() {
     let counter = TokenCounter::new(TokenizerKind::O200kBase).unwrap();
-    let options = ReplayOptions::default();
+    // The log (about 5,500 characters) must stay whole until it is old enough to elide: the default
+    // spill threshold would spill it at once (the sweep test below covers that case).
+    let mut options = ReplayOptions::default();
+    options.strata.spill.max_result_chars = 8000;
     let transcript = parse_transcript("quoted.json", &session(true), InputFormat::OpenAiMessages).unwrap();
     let report = replay_session(&transcript, &options, &counter).unwrap();
     let strata = report.policies.iter().find(|p| p.policy == PolicyKind::Strata).unwrap();
