@@ -41,6 +41,75 @@ pub struct EffectivePolicy {
     /// Lifecycle of the derived files on the volume (absent in older files: the defaults).
     #[serde(default)]
     pub volume: VolumeRetention,
+    /// Lazy tool schemas (absent in older files: the defaults).
+    #[serde(default)]
+    pub capabilities: EffectiveCapabilities,
+    /// Delegation digests (absent in older files: the defaults).
+    #[serde(default)]
+    pub delegation: EffectiveDelegation,
+}
+
+/// Resolved stage budgets (0: no ceiling of its own).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct EffectiveStages {
+    /// System prompt ceiling.
+    pub system_tokens: u32,
+    /// Tool-schema ceiling: the lazy-schema threshold (0: schemas always in full).
+    pub tools_tokens: u32,
+    /// Summaries ceiling.
+    pub memory_tokens: u32,
+    /// Tool-results ceiling.
+    pub tool_results_tokens: u32,
+    /// History ceiling.
+    pub history_tokens: u32,
+}
+
+impl Default for EffectiveStages {
+    fn default() -> Self {
+        EffectiveStages {
+            system_tokens: 0,
+            tools_tokens: 8_000,
+            memory_tokens: 0,
+            tool_results_tokens: 0,
+            history_tokens: 0,
+        }
+    }
+}
+
+/// Resolved lazy-schema selection.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct EffectiveCapabilities {
+    /// Tools ranked into full schemas up front.
+    pub full_schema_tools: u32,
+    /// Smallest batch a new request loads.
+    pub batch_tools: u32,
+}
+
+impl Default for EffectiveCapabilities {
+    fn default() -> Self {
+        EffectiveCapabilities { full_schema_tools: 6, batch_tools: 3 }
+    }
+}
+
+/// Resolved delegation digests.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct EffectiveDelegation {
+    /// Delegation tool names.
+    pub tools: Vec<String>,
+    /// Parent-return budget in tokens.
+    pub return_tokens: u32,
+}
+
+impl Default for EffectiveDelegation {
+    fn default() -> Self {
+        EffectiveDelegation {
+            tools: vec!["Task".into(), "task".into(), "delegate_task".into()],
+            return_tokens: 2_000,
+        }
+    }
 }
 
 /// Resolved budget.
@@ -59,6 +128,9 @@ pub struct EffectiveBudget {
     pub protocol_overhead_tokens: u32,
     /// Safety margin tokens.
     pub safety_margin_tokens: u32,
+    /// Per-section ceilings after the output reserve (absent in older files: the defaults).
+    #[serde(default)]
+    pub stages: EffectiveStages,
 }
 
 /// Resolved tool-result handling.
@@ -165,6 +237,7 @@ impl Default for EffectivePolicy {
                 reserved_completion_tokens: 8192,
                 protocol_overhead_tokens: 512,
                 safety_margin_tokens: 2048,
+                stages: EffectiveStages::default(),
             },
             tool_results: EffectiveToolResults {
                 max_result_chars: 2000,
@@ -214,6 +287,8 @@ impl Default for EffectivePolicy {
             redaction: EffectiveRedaction { enabled: true, extra_patterns: Vec::new() },
             reporting: EffectiveReporting { interval_seconds: 30 },
             volume: VolumeRetention::default(),
+            capabilities: EffectiveCapabilities::default(),
+            delegation: EffectiveDelegation::default(),
         }
     }
 }

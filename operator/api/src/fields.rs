@@ -47,6 +47,11 @@ field_enum!(
         ReservedCompletionTokens => "budget.reservedCompletionTokens",
         ProtocolOverheadTokens => "budget.protocolOverheadTokens",
         SafetyMarginTokens => "budget.safetyMarginTokens",
+        StageSystemTokens => "budget.stages.systemTokens",
+        StageToolsTokens => "budget.stages.toolsTokens",
+        StageMemoryTokens => "budget.stages.memoryTokens",
+        StageToolResultsTokens => "budget.stages.toolResultsTokens",
+        StageHistoryTokens => "budget.stages.historyTokens",
         MaxResultChars => "toolResults.maxResultChars",
         PreviewChars => "toolResults.previewChars",
         PreviewLines => "toolResults.previewLines",
@@ -77,6 +82,10 @@ field_enum!(
         VolumeRecordsMaxAgeSeconds => "volume.compactionRecords.maxAgeSeconds",
         VolumeRecordsMaxBytes => "volume.compactionRecords.maxBytes",
         VolumeSweepIntervalSeconds => "volume.sweepIntervalSeconds",
+        FullSchemaTools => "capabilities.fullSchemaTools",
+        BatchTools => "capabilities.batchTools",
+        DelegationTools => "delegation.tools",
+        DelegationReturnTokens => "delegation.returnTokens",
     }
 );
 
@@ -89,6 +98,11 @@ field_enum!(
         ReservedCompletionTokens => "budget.reservedCompletionTokens",
         ProtocolOverheadTokens => "budget.protocolOverheadTokens",
         SafetyMarginTokens => "budget.safetyMarginTokens",
+        StageSystemTokens => "budget.stages.systemTokens",
+        StageToolsTokens => "budget.stages.toolsTokens",
+        StageMemoryTokens => "budget.stages.memoryTokens",
+        StageToolResultsTokens => "budget.stages.toolResultsTokens",
+        StageHistoryTokens => "budget.stages.historyTokens",
         MaxResultChars => "toolResults.maxResultChars",
         PreviewChars => "toolResults.previewChars",
         PreviewLines => "toolResults.previewLines",
@@ -109,6 +123,9 @@ field_enum!(
         VolumeRecordsMaxAgeSeconds => "volume.compactionRecords.maxAgeSeconds",
         VolumeRecordsMaxBytes => "volume.compactionRecords.maxBytes",
         VolumeSweepIntervalSeconds => "volume.sweepIntervalSeconds",
+        FullSchemaTools => "capabilities.fullSchemaTools",
+        BatchTools => "capabilities.batchTools",
+        DelegationReturnTokens => "delegation.returnTokens",
     }
 );
 

@@ -7,6 +7,8 @@ use kube::KubeSchema;
 use serde::{Deserialize, Serialize};
 
 pub use strata_core::compaction::StateField;
+pub use strata_core::entry::{RetentionClass, Role};
+pub use strata_core::retention::{RetentionMatch, RetentionRule};
 
 /// A partial context policy. Unset fields inherit from the layer below.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, KubeSchema)]
@@ -37,6 +39,73 @@ pub struct PolicySpec {
     /// records) are kept before the gateway's sweeper deletes them.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub volume: Option<VolumeSpec>,
+    /// Lazy tool schemas: which tools get their full schema while the tools are over
+    /// `budget.stages.toolsTokens`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub capabilities: Option<CapabilitiesSpec>,
+    /// Delegation tools (sub-agents) whose results reach the parent as bounded digests.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub delegation: Option<DelegationSpec>,
+}
+
+/// Per-section token ceilings, allocated after the output reserve in this order: system, tools,
+/// memory, tool results, history. 0 means no ceiling of its own (the section takes what the
+/// sections before it left).
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, KubeSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct StageBudgetsSpec {
+    /// The stable system prompt; over it is reported (a client's system prompt is never cut). Default 0.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 0, max = 10_000_000))]
+    pub system_tokens: Option<u32>,
+    /// Tool schemas; over it, tools the session has not needed are sent as one-line summaries
+    /// (lazy schemas); 0 sends every schema in full. Default 8000.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 0, max = 10_000_000))]
+    pub tools_tokens: Option<u32>,
+    /// Summaries of compacted and purged history; over it is reported. Default 0.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 0, max = 10_000_000))]
+    pub memory_tokens: Option<u32>,
+    /// Tool results in the window; over it, the oldest are elided to their head and a data_ref. Default 0.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 0, max = 10_000_000))]
+    pub tool_results_tokens: Option<u32>,
+    /// The rest of the conversation; over it, the history is compacted (with automatic compaction on). Default 0.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 0, max = 10_000_000))]
+    pub history_tokens: Option<u32>,
+}
+
+/// Lazy tool schemas (GCS §17.14).
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, KubeSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct CapabilitiesSpec {
+    /// Tools given their full schema up front by a lexical ranking of names and descriptions
+    /// against the request (besides every tool the session used). Default 6.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 0, max = 1_000))]
+    pub full_schema_tools: Option<u32>,
+    /// A new request loads the schemas its ranking wants only when at least this many are still
+    /// summarised: one cache rewrite per batch. Default 3.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = 1_000))]
+    pub batch_tools: Option<u32>,
+}
+
+/// Delegation results (GCS §17.13).
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, KubeSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct DelegationSpec {
+    /// Names of the tools that run a sub-agent. Default Task, task and delegate_task.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 64))]
+    pub tools: Option<Vec<String>>,
+    /// Tokens a delegation's digest may take in the parent's context; the full result stays
+    /// readable by its data_ref. Default 2000.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 64, max = 1_000_000))]
+    pub return_tokens: Option<u32>,
 }
 
 /// Budget thresholds (percent of the context window) and token reservations.
@@ -75,6 +144,10 @@ pub struct BudgetSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = 0, max = 10_000_000))]
     pub safety_margin_tokens: Option<u32>,
+    /// Per-section ceilings after the output reserve (`reservedCompletionTokens`, which also
+    /// caps the client's max_tokens).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stages: Option<StageBudgetsSpec>,
 }
 
 /// Spill and elision of tool results (seed 002 #5 and #6).
@@ -122,77 +195,6 @@ pub struct RetentionSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(max = 64))]
     pub rules: Option<Vec<RetentionRule>>,
-}
-
-/// Retention class of a journal entry.
-#[derive(
-    Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize, schemars::JsonSchema,
-)]
-pub enum RetentionClass {
-    /// Never dropped by compaction; must survive every generation.
-    Critical,
-    /// Ordinary working history.
-    Working,
-    /// Reference material: may be spilled or elided, stays reopenable.
-    Reference,
-    /// Heartbeats and status pings: expire after their TTL.
-    Ephemeral,
-}
-
-/// One classification rule.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, KubeSchema)]
-#[serde(rename_all = "camelCase")]
-#[x_kube(validation = Rule::new("self.class != 'Ephemeral' || has(self.ttlSeconds)")
-    .message("an Ephemeral retention rule needs ttlSeconds: say how long such entries stay in the window"))]
-pub struct RetentionRule {
-    /// Unique name of the rule; layers merge rules by name.
-    #[schemars(length(min = 1, max = 63), regex(pattern = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"))]
-    pub name: String,
-    /// The class given to matching entries.
-    pub class: RetentionClass,
-    /// Which entries the rule matches; all given criteria must hold.
-    #[serde(rename = "match")]
-    pub matcher: RetentionMatch,
-    /// Entries of this rule leave the window after this many seconds.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(range(min = 1, max = 31_536_000))]
-    pub ttl_seconds: Option<u32>,
-}
-
-/// Criteria of a retention rule.
-#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, KubeSchema)]
-#[serde(rename_all = "camelCase")]
-#[x_kube(validation = Rule::new("has(self.roles) || has(self.toolNames) || has(self.contentRegex)")
-    .message("a retention rule's match needs at least one of roles, toolNames or contentRegex; an empty match would classify every entry"))]
-pub struct RetentionMatch {
-    /// Message roles the rule applies to.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(length(max = 4))]
-    pub roles: Option<Vec<MessageRole>>,
-    /// Tool names whose calls and results the rule applies to.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(length(max = 64))]
-    pub tool_names: Option<Vec<String>>,
-    /// RE2-style regular expression the entry's text must match.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(length(min = 1, max = 1024))]
-    pub content_regex: Option<String>,
-}
-
-/// Message role, as the providers name it.
-#[derive(
-    Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize, schemars::JsonSchema,
-)]
-#[serde(rename_all = "lowercase")]
-pub enum MessageRole {
-    /// System instructions.
-    System,
-    /// The user or the agent's driver.
-    User,
-    /// The model.
-    Assistant,
-    /// A tool result.
-    Tool,
 }
 
 /// When and how history is compacted.

@@ -129,13 +129,13 @@ impl<'de> Deserialize<'de> for EntryId {
     }
 }
 
-/// Who produced an entry.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+/// Who produced an entry: the message role, as the providers name it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum Role {
     /// System instructions.
     System,
-    /// The user.
+    /// The user or the agent's driver.
     User,
     /// The model.
     Assistant,

@@ -10,6 +10,7 @@ pub mod cache_key;
 pub mod compaction;
 pub mod compiler;
 pub mod dedup;
+pub mod delegation;
 pub mod economics;
 pub mod entry;
 pub mod journal;

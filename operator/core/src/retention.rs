@@ -1,8 +1,8 @@
 //! Retention classification by policy rules, and cache-aware batched expiry of Ephemeral entries.
 //!
-//! **Rules.** [`RetentionRule`] mirrors the policy API's JSON (`name`, `class` as `Critical`,
-//! `Working`, `Reference` or `Ephemeral`, `match: {roles, toolNames, contentRegex}`, `ttlSeconds`)
-//! so the gateway can deserialize the effective policy straight into it. Within a rule all given
+//! **Rules.** [`RetentionRule`] is the policy API's rule (`name`, `class` as `Critical`,
+//! `Working`, `Reference` or `Ephemeral`, `match: {roles, toolNames, contentRegex}`, `ttlSeconds`):
+//! `strata-api` uses this type in the ContextPolicy CRD, so there is one definition. Within a rule all given
 //! criteria must hold; a rule with no criteria matches everything. The first matching rule wins;
 //! with none, an entry is `Working` with no TTL.
 //!
@@ -19,41 +19,66 @@
 use std::collections::HashSet;
 
 use regex::Regex;
+use schemars::JsonSchema;
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
 use crate::economics::{CachePricing, RemovalEconomics};
 use crate::entry::{Entry, EntryId, RetentionClass, Role};
 
-/// One classification rule, shaped like the policy API's retention rule.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+// This is also the policy API's retention rule: strata-api derives the CRD schema, with these
+// validation rules, from this type.
+/// One classification rule.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
+#[schemars(extend("x-kubernetes-validations" = [{
+    "rule": "self.class != 'Ephemeral' || has(self.ttlSeconds)",
+    "message": "an Ephemeral retention rule needs ttlSeconds: say how long such entries stay in the window"
+}]))]
 pub struct RetentionRule {
-    /// Unique name of the rule.
+    /// Unique name of the rule; layers merge rules by name.
+    #[schemars(length(min = 1, max = 63), regex(pattern = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"))]
     pub name: String,
     /// The class given to matching entries.
     #[serde(serialize_with = "serialize_class", deserialize_with = "deserialize_class")]
+    #[schemars(schema_with = "class_schema")]
     pub class: RetentionClass,
-    /// Which entries the rule matches.
-    #[serde(rename = "match", default)]
+    /// Which entries the rule matches; all given criteria must hold.
+    #[serde(rename = "match")]
     pub matcher: RetentionMatch,
     /// Entries of this rule leave the window after this many seconds.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = 31_536_000))]
     pub ttl_seconds: Option<u32>,
 }
 
-/// Criteria of a rule; all given criteria must hold.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+/// Criteria of a retention rule; all given criteria must hold.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
+#[schemars(extend("x-kubernetes-validations" = [{
+    "rule": "has(self.roles) || has(self.toolNames) || has(self.contentRegex)",
+    "message": "a retention rule's match needs at least one of roles, toolNames or contentRegex; an empty match would classify every entry"
+}]))]
 pub struct RetentionMatch {
-    /// Roles the rule applies to.
+    /// Message roles the rule applies to.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 4))]
     pub roles: Option<Vec<Role>>,
     /// Tool names whose calls and results the rule applies to.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 64))]
     pub tool_names: Option<Vec<String>>,
-    /// Regular expression the entry's text must match (anywhere).
+    /// RE2-style regular expression the entry's text must match.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 1024))]
     pub content_regex: Option<String>,
+}
+
+/// The policy spelling of a [`RetentionClass`] (the journal stores it in snake case).
+fn class_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
+    schemars::json_schema!({
+        "type": "string",
+        "enum": ["Critical", "Working", "Reference", "Ephemeral"]
+    })
 }
 
 fn class_name(class: RetentionClass) -> &'static str {

@@ -361,3 +361,108 @@ fn a_turn_remembered_but_never_journaled_is_journaled_by_the_retry() {
         engine.journal().entries().iter().map(|entry| entry.content.text.as_str()).collect();
     assert_eq!(texts, ["List the files", "a.txt", "Now read a.txt", "hello"]);
 }
+
+/// An always-on agent whose client starts new conversations keeps only the live conversation's
+/// chain values: the old one's are forgotten (in memory and in the file) when the new one replaces
+/// it, and the live one is still recognised after a restart.
+#[test]
+fn a_new_conversation_prunes_the_old_ones_chain_values() {
+    let dir = tempfile::tempdir().unwrap();
+    let settings = SessionSettings::defaults(Api::OpenAi, 100_000);
+    let index = dir.path().join("gateway").join("transparent-prefixes");
+    let lines = || std::fs::read_to_string(&index).unwrap().lines().count();
+    let first = user("Summarise yesterday's alerts".into());
+    let first_answer = Turn { role: Role::Assistant, content: Content::text("Two disk alerts.".to_owned()) };
+    let follow_up = user("Which hosts?".into());
+    {
+        let mut engine = SessionEngine::open(dir.path(), &settings, 0).unwrap();
+        transparent_call(&mut engine, &settings, std::slice::from_ref(&first), "Two disk alerts.").unwrap();
+        transparent_call(
+            &mut engine,
+            &settings,
+            &[first.clone(), first_answer.clone(), follow_up.clone()],
+            "db-1",
+        )
+        .unwrap();
+    }
+    assert_eq!(lines(), 4, "two client turns and two answers");
+    let fresh = user("Plan today's deploy".into());
+    let fresh_answer = Turn { role: Role::Assistant, content: Content::text("Step one: freeze.".to_owned()) };
+    let next = user("And step two?".into());
+    {
+        let mut engine = SessionEngine::open(dir.path(), &settings, 0).unwrap();
+        transparent_call(&mut engine, &settings, std::slice::from_ref(&fresh), "Step one: freeze.").unwrap();
+        assert!(engine.journal().generation() > 1, "the new conversation rewound the journal");
+    }
+    assert_eq!(lines(), 2, "only the new conversation's turn and answer are left");
+    let mut engine = SessionEngine::open(dir.path(), &settings, 0).unwrap();
+    let generation = engine.journal().generation();
+    transparent_call(&mut engine, &settings, &[fresh, fresh_answer, next], "Step two: deploy.").unwrap();
+    assert_eq!(engine.journal().generation(), generation, "the live conversation still extends the journal");
+    let texts: Vec<&str> =
+        engine.journal().entries().iter().map(|entry| entry.content.text.as_str()).collect();
+    assert_eq!(texts, ["Plan today's deploy", "Step one: freeze.", "And step two?", "Step two: deploy."]);
+
+/// A tool-results stage ceiling is enforced: once the results in the window exceed it, the oldest
+/// are elided to their head and a data_ref, and the stage fits again.
+#[test]
+fn tool_results_over_their_stage_ceiling_are_elided_oldest_first() {
+    let mut settings = SessionSettings::defaults(Api::OpenAi, 200_000);
+    settings.stages.tool_results_tokens = 3_000;
+    // Economics-driven elision off: only the stage ceiling elides.
+    settings.elision.elide_after_rounds = 10_000;
+    let mut engine = SessionEngine::in_memory(&settings, 0).unwrap();
+    let mut last = None;
+    for step in 0..6u64 {
+        let id = format!("c{step}");
+        let turns = vec![
+            user(format!("step {step}")),
+            Turn {
+                role: Role::Assistant,
+                content: Content {
+                    tool_calls: vec![ToolCall {
+                        call_id: id.clone(),
+                        name: "grep".into(),
+                        arguments_json: "{}".into(),
+                    }],
+                    ..Content::default()
+                },
+            },
+            Turn {
+                role: Role::Tool,
+                content: Content {
+                    tool_results: vec![ToolResult {
+                        call_id: id,
+                        name: Some("grep".into()),
+                        output: format!("result {step}: {}", "matched line of output ".repeat(300)),
+                    }],
+                    ..Content::default()
+                },
+            },
+        ];
+        let chat = request(turns);
+        let turn = TurnRequest {
+            request: &chat,
+            transparent: false,
+            operation_id: OperationId::from_request("stages", &step.to_le_bytes()),
+            head: Map::new(),
+            now_ms: step,
+        };
+        let TurnOutcome::Admitted(admitted) = engine.begin_turn(&settings, turn).unwrap() else {
+            panic!("blocked")
+        };
+        let answer = AssistantOutput { text: format!("noted {step}"), ..AssistantOutput::default() };
+        let effects = engine.record_answer(&settings, &admitted.first_call, &answer, step).unwrap();
+        if step >= 2 {
+            assert!(effects.elided_entries > 0, "step {step}: the ceiling elided the oldest results");
+        }
+        last = Some(engine.next_call(&settings, Map::new()).unwrap());
+    }
+    let call = last.unwrap();
+    let stage = call.stages.iter().find(|s| s.stage == strata_core::budget::Stage::ToolResults).unwrap();
+    assert!(!stage.over && stage.used <= 3_000, "{stage:?}");
+    let body: serde_json::Value = serde_json::from_slice(&call.body.to_vec()).unwrap();
+    let text = body["messages"].to_string();
+    assert!(text.contains("result 5: matched"), "the newest result stays whole");
+    assert!(text.contains("data_ref"), "elided results name their data_ref");
+}

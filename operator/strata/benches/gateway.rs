@@ -8,8 +8,13 @@
 //! recently sent upstream, so both paths move the same bytes at the same journal size. Added latency
 //! is the difference of the percentiles of the two paths. Each phase starts from a fresh copy of the
 //! seeded journal. Concurrent streams start 100 µs apart and send one unmeasured request first (so
-//! connection setup is not measured), then run their measured requests back to back. Run with `cargo bench -p strata --bench gateway`; `STRATA_BENCH_QUICK=1` runs a
-//! shorter version.
+//! connection setup is not measured), then run their measured requests back to back. Run with
+//! `cargo bench -p strata --bench gateway`; `STRATA_BENCH_QUICK=1` runs a shorter version.
+//!
+//! CI mode: `STRATA_BENCH_CI_MAX_RATIO=R` runs only the sequential phases (300 measured requests at
+//! each journal size) and exits non-zero when a request failed or the p99 ratio gateway / direct
+//! exceeds `R` at either size, so a large regression fails the run. The ratio is measured side by
+//! side in the same run, which keeps it meaningful on a shared, noisy machine.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 #[path = "../tests/gateway_support/process.rs"]
@@ -270,6 +275,18 @@ async fn main() {
     }
     let _ = rustls::crypto::ring::default_provider().install_default();
     let quick = std::env::var_os("STRATA_BENCH_QUICK").is_some();
+    let max_ratio = match std::env::var("STRATA_BENCH_CI_MAX_RATIO") {
+        Ok(text) => match text.parse::<f64>() {
+            Ok(ratio) if ratio > 1.0 => Some(ratio),
+            _ => {
+                eprintln!(
+                    "STRATA_BENCH_CI_MAX_RATIO={text:?}: give the largest acceptable p99 ratio, a number above 1"
+                );
+                std::process::exit(2);
+            }
+        },
+        Err(_) => None,
+    };
     let state = Arc::new(Fake::default());
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let fake = listener.local_addr().unwrap();
@@ -279,16 +296,19 @@ async fn main() {
     let root = tempfile::tempdir_in(bench_root()).unwrap();
     let config_path = root.path().join("gateway.json");
     std::fs::write(&config_path, serde_json::to_vec(&config(fake)).unwrap()).unwrap();
-    let phases: [(&str, usize, usize); 3] = if quick {
-        [("sequential", 1, 300), ("256 streams", 256, 2), ("2048 streams", 2048, 1)]
+    let phases: &[(&str, usize, usize)] = if max_ratio.is_some() {
+        &[("sequential", 1, 300)]
+    } else if quick {
+        &[("sequential", 1, 300), ("256 streams", 256, 2), ("2048 streams", 2048, 1)]
     } else {
-        [("sequential", 1, 2000), ("256 streams", 256, 8), ("2048 streams", 2048, 2)]
+        &[("sequential", 1, 2000), ("256 streams", 256, 8), ("2048 streams", 2048, 2)]
     };
+    let mut regressions = Vec::new();
     println!("data dir root: {}", root.path().display());
     for target in [1_000u64, 200_000] {
         let seeded = root.path().join(format!("seed-{target}"));
         let seeded_tokens = seed(&seeded, target);
-        for (name, streams, per_stream) in phases {
+        for &(name, streams, per_stream) in phases {
             let data = root.path().join(format!("data-{target}-{streams}"));
             copy_dir(&seeded, &data);
             let gateway = spawn_gateway(&config_path, &data).await;
@@ -299,6 +319,8 @@ async fn main() {
             let (rss, peak) = rss_kib(gateway.child.id());
             if let Some(first) = phase.failures.first() {
                 println!("  {} failed requests in {name}, e.g. {first}", phase.failures.len());
+                regressions
+                    .push(format!("{} failed requests at {target} tokens, {name}", phase.failures.len()));
             }
             if phase.gateway.is_empty() {
                 continue;
@@ -317,6 +339,22 @@ async fn main() {
                 rss / 1024,
                 peak / 1024,
             );
+            let ratio = micros(g99) / micros(d99);
+            println!("  p99 gateway / direct = {ratio:.2}x");
+            if let Some(bound) = max_ratio
+                && ratio > bound
+            {
+                regressions
+                    .push(format!("p99 gateway / direct {ratio:.2}x > {bound}x at {target} tokens, {name}"));
+            }
+        }
+    }
+    if max_ratio.is_some() {
+        if regressions.is_empty() {
+            println!("gateway bench check: pass");
+        } else {
+            println!("gateway bench check: FAIL\n  {}", regressions.join("\n  "));
+            std::process::exit(1);
         }
     }
 }

@@ -2,16 +2,16 @@
 //! gateway, `strata compact`, `strata replay` and the controller.
 
 use strata_api::agent::{Provider, Tokenizer};
-use strata_api::effective::{
-    EffectiveBudget, EffectiveCompaction, EffectivePolicy, EffectiveRetention, EffectiveToolResults,
-};
+use strata_api::effective::{EffectiveBudget, EffectiveCompaction, EffectivePolicy, EffectiveToolResults};
 use strata_api::policy::BreakpointMode;
-use strata_core::budget::{BudgetError, BudgetPolicy};
+use strata_core::budget::{BudgetError, BudgetPolicy, StageBudgets};
 use strata_core::compaction::CompactionSettings;
 use strata_core::compiler::BreakpointPlacement;
+use strata_core::delegation::DelegationPolicy;
 use strata_core::prefix::StablePrefixSources;
 use strata_core::redaction::{PatternError, Redactor};
-use strata_core::retention::{Classifier, ExpiryPolicy, RetentionRule, RetentionRuleError};
+use strata_core::retention::{Classifier, ExpiryPolicy, RetentionRuleError};
+use strata_core::session::capabilities::LazyToolsPolicy;
 use strata_core::session::{Api, SessionSettings};
 use strata_core::tokens::TokenizerKind;
 use strata_core::tool_output::{ElisionPolicy, SpillPolicy};
@@ -28,9 +28,6 @@ pub enum PolicyError {
     /// A retention rule does not compile.
     #[error("policy.retention: {0}")]
     Retention(#[source] RetentionRuleError),
-    /// A retention rule does not have the engine's shape.
-    #[error("policy.retention.rules: {0}")]
-    RetentionShape(#[source] serde_json::Error),
 }
 
 /// The provider API an upstream speaks.
@@ -55,8 +52,7 @@ pub fn session_settings(
     budget.validate(limit).map_err(PolicyError::Budget)?;
     let redactor = Redactor::new(policy.redaction.enabled, &policy.redaction.extra_patterns)
         .map_err(PolicyError::Redaction)?;
-    let rules = retention_rules(&policy.retention).map_err(PolicyError::RetentionShape)?;
-    let classifier = Classifier::new(rules).map_err(PolicyError::Retention)?;
+    let classifier = Classifier::new(policy.retention.rules.clone()).map_err(PolicyError::Retention)?;
     let placement = match policy.cache.breakpoints {
         BreakpointMode::Auto => BreakpointPlacement::Auto,
         BreakpointMode::None => BreakpointPlacement::Off,
@@ -82,7 +78,32 @@ pub fn session_settings(
         retain_generations: policy.compaction.retain_generations as usize,
         tokenizer: tokenizer_kind(tokenizer),
         volume: policy.volume,
+        delegation: DelegationPolicy {
+            tools: policy.delegation.tools.clone(),
+            return_tokens: u64::from(policy.delegation.return_tokens),
+        },
+        lazy_tools: lazy_tools_policy(policy),
+        stages: stage_budgets(&policy.budget),
     })
+}
+
+/// Lazy tool schemas: the tools stage's ceiling is the threshold.
+pub fn lazy_tools_policy(policy: &EffectivePolicy) -> LazyToolsPolicy {
+    LazyToolsPolicy {
+        threshold_tokens: u64::from(policy.budget.stages.tools_tokens),
+        full_schema_tools: policy.capabilities.full_schema_tools as usize,
+        batch_tools: policy.capabilities.batch_tools as usize,
+    }
+}
+
+/// The per-section ceilings (the tools ceiling travels as the lazy-schema threshold).
+pub fn stage_budgets(budget: &EffectiveBudget) -> StageBudgets {
+    StageBudgets {
+        system_tokens: u64::from(budget.stages.system_tokens),
+        memory_tokens: u64::from(budget.stages.memory_tokens),
+        tool_results_tokens: u64::from(budget.stages.tool_results_tokens),
+        history_tokens: u64::from(budget.stages.history_tokens),
+    }
 }
 
 /// The core tokenizer matching the API's.
@@ -125,11 +146,6 @@ pub fn elision_policy(tool_results: &EffectiveToolResults) -> ElisionPolicy {
     }
 }
 
-/// The retention rules; the API's and the engine's share one JSON shape.
-pub fn retention_rules(retention: &EffectiveRetention) -> Result<Vec<RetentionRule>, serde_json::Error> {
-    serde_json::from_value(serde_json::to_value(&retention.rules)?)
-}
-
 /// Compaction settings for an agent of `privacy_scope`.
 pub fn compaction_settings(compaction: &EffectiveCompaction, privacy_scope: &str) -> CompactionSettings {
     CompactionSettings {
@@ -154,10 +170,15 @@ mod tests {
         assert_eq!(budget_policy(&policy.budget), BudgetPolicy::default());
         assert_eq!(spill_policy(&policy.tool_results), SpillPolicy::default());
         assert_eq!(elision_policy(&policy.tool_results), ElisionPolicy::default());
-        assert_eq!(retention_rules(&policy.retention).unwrap().len(), policy.retention.rules.len());
+        assert!(Classifier::new(policy.retention.rules.clone()).is_ok());
         let settings = compaction_settings(&policy.compaction, "tenant");
         assert_eq!(settings.required_fields.len(), policy.compaction.required_fields.len());
         assert_eq!(settings.keep_recent_entries, 8);
+        assert_eq!(lazy_tools_policy(&policy), LazyToolsPolicy::default());
+        assert_eq!(stage_budgets(&policy.budget), StageBudgets::default());
+        let session =
+            session_settings(&policy, Provider::OpenAI, 100_000, Tokenizer::O200kBase, "ns", "t").unwrap();
+        assert_eq!(session.delegation, DelegationPolicy::default());
     }
 
     #[test]

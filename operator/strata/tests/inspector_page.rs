@@ -177,6 +177,12 @@ async fn the_page_shows_what_the_json_endpoints_say() {
     assert_eq!(text_of(&dom, "entry-count"), listed.len().to_string());
     assert_eq!(attribute_values(&dom, "data-id"), listed);
 
+    // The stage budgets of the last call, the output reserve first.
+    assert_eq!(
+        attribute_values(&dom, "data-stage"),
+        ["output_reserve", "system", "tools", "memory", "tool_results", "history"]
+    );
+
     // The bar: Tier 1 sections and Tier 3 from the decisions, Tier 2 by class from the entries.
     let decisions = inspect["decisions"].as_array().unwrap();
     let tier_tokens = |tier: u64| -> u64 {

@@ -18,12 +18,14 @@
 
 mod admission;
 mod policy;
+pub mod stages;
 mod status;
 
 pub use admission::{
     Admission, BlockReason, BudgetExceeded, ExceededStatus, OperationId, OperationRequest, RequiredAction,
 };
 pub use policy::{BudgetError, BudgetPolicy};
+pub use stages::{MaxTokensClamp, Stage, StageBudgets, StageUsage, clamp_max_tokens};
 pub use status::{BudgetLevel, ContextStatus, with_thousands_separators};
 
 /// Numerator of the conservative estimate multiplier at HighRisk and Critical.

@@ -105,7 +105,7 @@ impl BudgetPolicy {
     }
 
     /// Reserved completion + protocol overhead + `margin_factor` × safety margin (saturating).
-    pub(super) fn reservations(&self, margin_factor: u64) -> u64 {
+    pub fn reservations(&self, margin_factor: u64) -> u64 {
         self.reserved_completion_tokens
             .saturating_add(self.protocol_overhead_tokens)
             .saturating_add(self.safety_margin_tokens.saturating_mul(margin_factor))

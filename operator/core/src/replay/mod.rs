@@ -10,6 +10,7 @@ pub mod pricing;
 pub mod readback;
 pub mod simulate;
 pub mod synthetic;
+pub mod tool_set;
 
 pub mod transcript;
 pub mod volume;

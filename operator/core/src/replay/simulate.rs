@@ -76,6 +76,9 @@ pub struct ReplayOptions {
     pub head: Map<String, Value>,
     /// Policies to run.
     pub policies: Vec<PolicyKind>,
+    /// The tool schemas the client sends with every call (recorded sessions rarely keep them;
+    /// see [`super::tool_set`]; none by default).
+    pub tools: Vec<Value>,
 }
 
 impl Default for ReplayOptions {
@@ -86,6 +89,7 @@ impl Default for ReplayOptions {
             strata: SessionSettings::defaults(Api::Anthropic, 200_000),
             head: Map::new(),
             policies: PolicyKind::ALL.to_vec(),
+            tools: Vec::new(),
         }
     }
 }
@@ -152,6 +156,8 @@ pub struct PolicyReport {
     pub expirations: u64,
     /// Duplicate outputs replaced by references.
     pub deduplications: u64,
+    /// Lazy tool schemas (strata only).
+    pub schemas: SchemaLoading,
     /// Preservation (strata only).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub preservation: Option<Preservation>,
@@ -179,6 +185,7 @@ impl PolicyReport {
             elisions: 0,
             expirations: 0,
             deduplications: 0,
+            schemas: SchemaLoading::default(),
             preservation: None,
             read_backs: ReadBackSummary::default(),
             read_back_examples: Vec::new(),
@@ -235,6 +242,23 @@ impl PolicyReport {
         let compacted = events.contains(&ContextEvent::Compaction);
         self.calls.push(CallRecord { call: self.calls.len(), cost, over_budget, compacted, events });
     }
+}
+
+/// What lazy tool schemas did over a session (strata only).
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct SchemaLoading {
+    /// Calls whose tools were summarised.
+    pub lazy_calls: u64,
+    /// Tool-schema tokens sent, over every call.
+    pub sent_tool_tokens: u64,
+    /// Tool-schema tokens the full schemas would have taken, over every call.
+    pub full_tool_tokens: u64,
+    /// Schemas loaded on demand (a call of a summarised tool, or `strata_load_tools`).
+    pub loaded_on_demand: u64,
+    /// Calls repeated because the model called a tool it saw only summarised (each priced as a
+    /// second upstream call).
+    pub retries: u64,
 }
 
 /// How the input's own usage compares with our token count (naive prompts).
@@ -451,14 +475,14 @@ fn marker_pattern() -> Option<Regex> {
 }
 
 /// The request a client sends for the call whose prompt is `messages` (its whole history).
-fn client_request(messages: &[Value]) -> Result<ChatRequest, String> {
+fn client_request(messages: &[Value], tools: &[Value]) -> Result<ChatRequest, String> {
     let parsed = parse_messages(messages)?;
     Ok(ChatRequest {
         api: Api::OpenAi,
         stream: false,
         system_text: parsed.system.join("\n\n"),
         turns: parsed.turns,
-        tools: Vec::new(),
+        tools: tools.to_vec(),
         params: Map::new(),
         wants_usage: false,
     })
@@ -517,7 +541,7 @@ pub(crate) fn replay_strata_with(
     let reserved = reserved(&settings.budget);
     for (call, &(end, _)) in transcript.calls.iter().enumerate() {
         let now = times[call];
-        let request = client_request(&wires[..end]).map_err(|e| fail(call, e))?;
+        let request = client_request(&wires[..end], &options.tools).map_err(|e| fail(call, e))?;
         let turn = TurnRequest {
             request: &request,
             transparent: true,
@@ -542,11 +566,32 @@ pub(crate) fn replay_strata_with(
         report.spills += admitted.spilled_outputs;
         report.deduplications += admitted.deduplicated_outputs;
         stored.extend(admitted.offloaded.iter().cloned());
-        let first_call = &admitted.first_call;
-        observe(call, Some(first_call));
-        let blocks = engine.prompt_blocks(&settings).map_err(|e| fail(call, e.to_string()))?;
-        let cost = cache.price(&blocks, now);
+        let answer = recorded_answer(end, &wires[end]).map_err(|e| fail(call, e))?;
         let mut events = admitted.events();
+        let chain_tail = admitted.chain_tail;
+        let mut first_call = admitted.first_call;
+        let mut blocks = engine.prompt_blocks(&settings).map_err(|e| fail(call, e.to_string()))?;
+        let mut cost = cache.price(&blocks, now);
+        // The model called a tool it saw only summarised: the gateway delivers the schemas in the
+        // history and calls again, so the call is paid twice (the second against the cache the
+        // first warmed).
+        let delivered =
+            engine.deliver_schemas(&settings, &answer, now).map_err(|e| fail(call, e.to_string()))?;
+        if !delivered.is_empty() {
+            report.schemas.loaded_on_demand += delivered.len() as u64;
+            report.schemas.retries += 1;
+            first_call =
+                engine.next_call(&settings, options.head.clone()).map_err(|e| fail(call, e.to_string()))?;
+            blocks = engine.prompt_blocks(&settings).map_err(|e| fail(call, e.to_string()))?;
+            // Both calls are billed; the prompt size is the one the answer came from.
+            let retry = cache.price(&blocks, now);
+            cost = CallCost { total: retry.total, ..cost + retry };
+        }
+        let first_call = &first_call;
+        report.schemas.lazy_calls += u64::from(first_call.tools.lazy);
+        report.schemas.sent_tool_tokens += first_call.tools.sent_tokens;
+        report.schemas.full_tool_tokens += first_call.tools.full_tokens;
+        observe(call, Some(first_call));
         if tracker.pending() > 0 {
             let mut prompt: Option<String> = None;
             let uses = tracker.observe_output(call, &output_text(&transcript.messages[end]), &mut |anchor| {
@@ -557,18 +602,18 @@ pub(crate) fn replay_strata_with(
             let later_calls = transcript.calls.len() - call - 1;
             report.charge_read_backs(uses, &mut cache, &blocks, (now, later_calls), options.provider);
         }
-        let answer = recorded_answer(end, &wires[end]).map_err(|e| fail(call, e))?;
         let effects = engine
             .record_answer(&settings, first_call, &answer, now)
             .map_err(|e| fail(call, e.to_string()))?;
         report.elisions += effects.elided_entries;
+        report.schemas.loaded_on_demand += effects.tools_loaded;
         report.expirations += effects.expired_entries;
         events.extend(effects.events());
         track_offloaded(&mut tracker, &effects.offloaded, call + 1);
         report.record(cost, reserved, settings.limit, events);
         stored.extend(effects.offloaded);
         engine
-            .remember_answer(admitted.chain_tail, &answer.visible_turn(is_memory_tool))
+            .remember_answer(chain_tail, &answer.visible_turn(is_memory_tool))
             .map_err(|e| fail(call, e.to_string()))?;
         after_call(&mut engine, now).map_err(|e| fail(call, e.to_string()))?;
     }

@@ -11,13 +11,18 @@ use serde_json::{Map, Value};
 use sha2::{Digest, Sha256};
 
 use crate::artifacts::{ArtifactError, ArtifactRef, ArtifactStore};
-use crate::budget::{Admission, BudgetExceeded, ContextBudget, ContextStatus, OperationId, OperationRequest};
+use crate::budget::stages::{SectionTokens, Stage, allocate};
+use crate::budget::{
+    Admission, BudgetExceeded, ContextBudget, ContextStatus, MaxTokensClamp, OperationId, OperationRequest,
+    StageUsage, clamp_max_tokens,
+};
 use crate::compaction::CompactionMode;
 use crate::compiler::{
     BreakpointPlacement, CompileError, ContextCompiler, InclusionDecision, InclusionReason, Packet,
     SyncOutcome, Treatment,
 };
 use crate::dedup::{DedupIndex, render_duplicate};
+use crate::delegation::ExpertDigest;
 use crate::economics::expected_remaining_calls;
 use crate::entry::{Content, Entry, EntryDraft, EntryId, EntryKind, RetentionClass, Role, ToolResult};
 use crate::journal::sim::SimStorage;
@@ -31,6 +36,7 @@ use crate::retention::plan_expiry;
 use crate::tokens::{Calibration, TokenCounter, TokenizerError};
 use crate::tool_output::{ToolOutputError, elide_entry, plan_elision, spill};
 
+use super::capabilities::{ToolBlockStats, ToolView};
 use super::compacting::CompactionAsk;
 use super::memory_tools;
 use super::render::body::{Assembly, ChunkedBody};
@@ -41,7 +47,7 @@ use super::render::{anthropic as render_anthropic, openai as render_openai};
 use super::settings::SessionSettings;
 use super::state::{CorruptState, StateDir};
 use super::sweep::{LIFECYCLE_FILE, Lifecycle, LifecycleLedger};
-use super::tool_schema::{is_memory_tool, memory_tools, to_api_shape};
+use super::tool_schema::{is_memory_tool, load_tools_tool, memory_tools, to_api_shape};
 use super::transparent::{ChainHash, IndexError, Placement, TransparentIndex, chain};
 use super::turn::{Api, AssistantOutput, ChatRequest, Turn};
 
@@ -64,6 +70,25 @@ struct Drafts {
     drafts: Vec<EntryDraft>,
     spilled_bytes: u64,
     offloaded: Offloaded,
+    digests: Vec<DigestRecord>,
+}
+
+/// A delegation result the parent received as a digest.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct DigestRecord {
+    /// The delegation tool.
+    pub tool: String,
+    /// Structured or extractive.
+    pub source: crate::delegation::DigestSource,
+    /// Tokens of the full result (in the artifact store).
+    pub full_tokens: u64,
+    /// Tokens of the digest in the parent's context.
+    pub return_tokens: u64,
+    /// Items left out to meet the parent-return budget.
+    pub omitted_items: usize,
+    /// The artifact holding the full result.
+    pub data_ref: String,
 }
 
 /// A failure of the context engine.
@@ -170,6 +195,12 @@ pub struct UpstreamCall {
     pub breakpoints: usize,
     /// Why the cached prefix changed, if it did.
     pub churn: ChurnCause,
+    /// The client's tools as sent (full schemas and summaries).
+    pub tools: ToolBlockStats,
+    /// Each section's budget and use, the output reserve first.
+    pub stages: Vec<StageUsage>,
+    /// The client's `max_tokens`, when it was above the output reserve and lowered to it.
+    pub max_tokens_clamp: Option<MaxTokensClamp>,
 }
 
 /// The client's request as the engine takes it.
@@ -213,6 +244,8 @@ pub struct AdmittedTurn {
     /// Transparent sessions: the chain value after the request's last message, to which the
     /// answer is chained once the client has seen it.
     pub chain_tail: Option<ChainHash>,
+    /// Delegation results journaled as digests.
+    pub digests: Vec<DigestRecord>,
     /// The first upstream call.
     pub first_call: UpstreamCall,
 }
@@ -288,6 +321,8 @@ pub struct AnswerEffects {
     pub expired_entries: u64,
     /// What elision and expiry moved off-window: each artifact with the text it must read back as.
     pub offloaded: Vec<(ArtifactRef, String)>,
+    /// Tool schemas the model loaded with `strata_load_tools`.
+    pub tools_loaded: u64,
 }
 
 /// One entry as `GET /strata/v1/entries` lists it.
@@ -357,6 +392,16 @@ pub struct SessionEngine {
     corrupt_state: Vec<CorruptState>,
     /// A compaction waiting for the host's model summariser.
     asked: Option<CompactionAsk>,
+    /// Which client tools have their full schema.
+    tool_view: ToolView,
+    /// The client's tools as last presented (re-shaped when the view grows).
+    client_tools: Vec<Value>,
+    /// The configured and client tools in their stable order, unshaped.
+    ordered_tools: Vec<Value>,
+    /// The tool block at the last shaping.
+    tool_stats: ToolBlockStats,
+    /// The request text the tools were last ranked against.
+    ranked_query: String,
 }
 
 /// The files a group commit fsyncs, and the write count it covers.
@@ -395,6 +440,7 @@ const CALIBRATION_FILE: &str = "calibration.json";
 const REGISTRY_FILE: &str = "tool-registry.json";
 const ELIDED_FILE: &str = "elided.json";
 const EXPIRED_FILE: &str = "expired.json";
+const TOOL_VIEW_FILE: &str = "tool-view.json";
 
 impl SessionEngine {
     /// Opens the agent's data directory: the journal at its root (taking the writer lock), artifacts
@@ -462,6 +508,8 @@ impl SessionEngine {
         corrupt.extend(damaged);
         let (ledger, damaged): (LifecycleLedger, _) = state.read(LIFECYCLE_FILE)?;
         corrupt.extend(damaged);
+        let (tool_view, damaged): (ToolView, _) = state.read(TOOL_VIEW_FILE)?;
+        corrupt.extend(damaged);
         for (digest, at_ms) in &ledger.swept {
             store.mark_swept(digest, *at_ms);
         }
@@ -501,6 +549,11 @@ impl SessionEngine {
             tenant: settings.tenant.clone(),
             corrupt_state: corrupt,
             asked: None,
+            tool_view,
+            client_tools: Vec::new(),
+            ordered_tools: Vec::new(),
+            tool_stats: ToolBlockStats::default(),
+            ranked_query: String::new(),
         };
         engine.prepare_prefix(settings, "", &[])?;
         engine.rebuild_window(settings)?;
@@ -824,6 +877,9 @@ impl SessionEngine {
         if self.prefix_inputs == Some(inputs) {
             return Ok(());
         }
+        if client_tools != self.client_tools.as_slice() {
+            self.client_tools = client_tools.to_vec();
+        }
         let configured = &settings.stable_prefix;
         let mut combined: Vec<Value> =
             configured.tools.iter().map(|tool| to_api_shape(self.api, tool)).collect();
@@ -839,8 +895,13 @@ impl SessionEngine {
                 .cloned(),
         );
         let mut registry = self.registry.clone();
-        let mut ordered: Vec<Value> = registry.arrange(&combined)?.into_iter().cloned().collect();
+        let arranged: Vec<Value> = registry.arrange(&combined)?.into_iter().cloned().collect();
+        let mut ordered = self.shape_tools(settings, &arranged)?;
+        self.ordered_tools = arranged;
         ordered.extend(memory_tools(self.api));
+        if self.tool_stats.lazy {
+            ordered.push(load_tools_tool(self.api));
+        }
         let system_prompt = [configured.system_prompt.as_str(), self.system_split.stable.as_str()]
             .iter()
             .filter(|text| !text.trim().is_empty())
@@ -919,6 +980,12 @@ impl SessionEngine {
         };
         let switch = self.journal.fork(keep, &reason, now_ms)?;
         self.after_rewrite()?;
+        if cause == RewindCause::NewConversation && self.transparent.retain_only(&chains)? > 0 {
+            // The rewritten index is made durable with the next group commit; until then the old
+            // file's superset is what a crash would leave, which recognises no fewer turns.
+            self.index_unsynced = true;
+            self.appended_seq += 1;
+        }
         Ok((
             first_new,
             chains,
@@ -981,20 +1048,36 @@ impl SessionEngine {
         let mut artifact_refs = Vec::new();
         for result in &turn.content.tool_results {
             let output = redact(&result.output);
-            let outcome = spill(&output, &settings.spill, &self.store, &settings.tenant)?;
-            if let Some(data_ref) = outcome.data_ref {
-                out.spilled_bytes += output.len() as u64;
-                out.offloaded.push((data_ref.clone(), output.clone()));
-                artifact_refs.push(data_ref);
-            }
+            let name = result
+                .name
+                .clone()
+                .or_else(|| self.ledger.tool_name(&result.call_id).map(str::to_owned))
+                .or_else(|| called_in(&out.drafts, &result.call_id));
+            let delegation = name.as_deref().filter(|name| settings.delegation.is_delegation(name));
+            let window_text = match delegation {
+                Some(tool) => {
+                    let (text, data_ref, record) = self.digest_result(settings, tool, &output)?;
+                    out.digests.push(record);
+                    out.offloaded.push((data_ref.clone(), output.clone()));
+                    artifact_refs.push(data_ref);
+                    text
+                }
+                None => {
+                    let outcome = spill(&output, &settings.spill, &self.store, &settings.tenant)?;
+                    if let Some(data_ref) = outcome.data_ref {
+                        out.spilled_bytes += output.len() as u64;
+                        out.offloaded.push((data_ref.clone(), output.clone()));
+                        artifact_refs.push(data_ref);
+                    }
+                    outcome.window_text
+                }
+            };
             counted.push('\n');
-            counted.push_str(&outcome.window_text);
-            let name =
-                result.name.clone().or_else(|| self.ledger.tool_name(&result.call_id).map(str::to_owned));
+            counted.push_str(&window_text);
             content.tool_results.push(ToolResult {
                 call_id: result.call_id.clone(),
                 name,
-                output: outcome.window_text,
+                output: window_text,
             });
         }
         let tool_name = content
@@ -1017,6 +1100,183 @@ impl SessionEngine {
         };
         out.drafts.push(draft);
         Ok(())
+    }
+
+    /// A delegation's result as the parent sees it: the full result goes to the artifact store and
+    /// the window gets its digest, held to the parent-return budget.
+    fn digest_result(
+        &self,
+        settings: &SessionSettings,
+        tool: &str,
+        output: &str,
+    ) -> Result<(String, ArtifactRef, DigestRecord), EngineError> {
+        let data_ref = self.store.put(&settings.tenant, output.as_bytes())?;
+        let full_tokens = u64::from(self.counter.count(output));
+        let digest = ExpertDigest::of_result(tool, output);
+        let budget = settings.delegation.return_tokens;
+        let rendered =
+            digest.render(&data_ref, full_tokens, budget, |text| u64::from(self.counter.count(text)));
+        let record = DigestRecord {
+            tool: tool.to_owned(),
+            source: digest.source,
+            full_tokens,
+            return_tokens: u64::from(self.counter.count(&rendered.text)),
+            omitted_items: rendered.omitted_items,
+            data_ref: data_ref.to_string(),
+        };
+        Ok((rendered.text, data_ref, record))
+    }
+
+    /// The configured and client tools as sent: in full under the lazy threshold, otherwise the
+    /// view's full schemas and summaries (the first selection runs here). Records the block's stats.
+    fn shape_tools(
+        &mut self,
+        settings: &SessionSettings,
+        arranged: &[Value],
+    ) -> Result<Vec<Value>, EngineError> {
+        let policy = &settings.lazy_tools;
+        let count = |tools: &[Value]| -> u64 {
+            tools.iter().map(|tool| u64::from(self.counter.count(&tool.to_string()))).sum()
+        };
+        let full_tokens = count(arranged);
+        if policy.threshold_tokens == 0 || full_tokens <= policy.threshold_tokens {
+            self.tool_stats = ToolBlockStats {
+                lazy: false,
+                full: arranged.len() as u64,
+                summarised: 0,
+                sent_tokens: full_tokens,
+                full_tokens,
+            };
+            return Ok(arranged.to_vec());
+        }
+        if !self.tool_view.initialised {
+            let used = self.used_tool_names();
+            self.tool_view.initialise(arranged, &self.ranked_query, used, policy);
+            self.state.write(TOOL_VIEW_FILE, &self.tool_view)?;
+        }
+        let shaped = self.tool_view.shape(self.api, arranged);
+        let summarised = arranged
+            .iter()
+            .filter(|tool| {
+                crate::prefix::tool_name(tool).is_some_and(|name| !self.tool_view.full.contains(name))
+            })
+            .count() as u64;
+        self.tool_stats = ToolBlockStats {
+            lazy: true,
+            full: arranged.len() as u64 - summarised,
+            summarised,
+            sent_tokens: count(&shaped),
+            full_tokens,
+        };
+        Ok(shaped)
+    }
+
+    /// Names of every tool the journal shows called or answered.
+    fn used_tool_names(&self) -> Vec<String> {
+        let mut names: Vec<String> = Vec::new();
+        for entry in self.journal.entries() {
+            let called = entry.content.tool_calls.iter().map(|call| call.name.as_str());
+            let answered = entry.content.tool_results.iter().filter_map(|result| result.name.as_deref());
+            for name in called.chain(answered) {
+                if !names.iter().any(|known| known == name) {
+                    names.push(name.to_owned());
+                }
+            }
+        }
+        names
+    }
+
+    /// A new request text: remembered for the first selection, and, once schemas are lazy, a
+    /// batch of the tools it ranks highest when enough of them are summarised.
+    fn rank_tools(&mut self, settings: &SessionSettings, query: &str) -> Result<(), EngineError> {
+        if query == self.ranked_query {
+            return Ok(());
+        }
+        query.clone_into(&mut self.ranked_query);
+        if self.tool_stats.lazy
+            && self.tool_view.initialised
+            && self.tool_view.rerank(&self.ordered_tools, query, &settings.lazy_tools)
+        {
+            self.state.write(TOOL_VIEW_FILE, &self.tool_view)?;
+            self.prefix_inputs = None;
+        }
+        Ok(())
+    }
+
+    /// Tools the model called in `output` that it saw only summarised (the gateway loads their
+    /// schemas and retries the call).
+    pub fn summarised_calls(&self, output: &AssistantOutput) -> Vec<String> {
+        if !self.tool_stats.lazy {
+            return Vec::new();
+        }
+        let mut names: Vec<String> = output
+            .tool_calls
+            .iter()
+            .map(|call| call.name.clone())
+            .filter(|name| self.tool_view.is_unseen(&self.ordered_tools, name))
+            .collect();
+        names.dedup();
+        names
+    }
+
+    /// The `strata_load_tools` answer for `names`: the full schemas of those sent as a summary
+    /// (they count as delivered from now on), and the count loaded. The tool block is left alone,
+    /// so the cached prompt stays valid.
+    pub(super) fn load_tools(&mut self, names: &[String]) -> Result<(String, usize), EngineError> {
+        let loaded = self.tool_view.load(&self.ordered_tools, names);
+        let loaded_names: Vec<&str> =
+            loaded.iter().filter_map(|tool| crate::prefix::tool_name(tool)).collect();
+        let skipped: Vec<&str> =
+            names.iter().map(String::as_str).filter(|name| !loaded_names.contains(name)).collect();
+        let answer = super::capabilities::load_answer(self.api, &loaded, &skipped);
+        let count = loaded.len();
+        self.state.write(TOOL_VIEW_FILE, &self.tool_view)?;
+        Ok((answer, count))
+    }
+
+    /// The model called tools in `output` it saw only summarised and never loaded: their schemas
+    /// are delivered as a `strata_load_tools` round appended to the history (the answer itself is
+    /// not journaled; the caller repeats the call). Returns the tools delivered.
+    pub fn deliver_schemas(
+        &mut self,
+        settings: &SessionSettings,
+        output: &AssistantOutput,
+        now_ms: u64,
+    ) -> Result<Vec<String>, EngineError> {
+        let names = self.summarised_calls(output);
+        if names.is_empty() {
+            return Ok(names);
+        }
+        let (answer, _) = self.load_tools(&names)?;
+        let call_id = format!("strata_load_{}", self.journal.next_entry_number());
+        let call = crate::entry::ToolCall {
+            call_id: call_id.clone(),
+            name: super::capabilities::LOAD_TOOLS_NAME.to_owned(),
+            arguments_json: serde_json::json!({ "names": names }).to_string(),
+        };
+        self.append_own(
+            settings,
+            Role::Assistant,
+            Content { tool_calls: vec![call], ..Content::default() },
+            now_ms,
+        )?;
+        let result = ToolResult {
+            call_id,
+            name: Some(super::capabilities::LOAD_TOOLS_NAME.to_owned()),
+            output: answer,
+        };
+        self.append_own(
+            settings,
+            Role::Tool,
+            Content { tool_results: vec![result], ..Content::default() },
+            now_ms,
+        )?;
+        Ok(names)
+    }
+
+    /// The client's tools as last sent.
+    pub fn tool_stats(&self) -> ToolBlockStats {
+        self.tool_stats
     }
 
     /// The context status now.
@@ -1109,6 +1369,8 @@ impl SessionEngine {
         settings: &SessionSettings,
         head: Map<String, Value>,
     ) -> Result<UpstreamCall, EngineError> {
+        let mut head = head;
+        let max_tokens_clamp = clamp_max_tokens(&mut head, settings.budget.reserved_completion_tokens);
         let packet = self.compiler.compile(settings.limit, settings.budget)?;
         self.assembly.check_epoch(self.tier2_epoch);
         let (fragments, assembly, ledger) = (&mut self.fragments, &mut self.assembly, &self.ledger);
@@ -1152,6 +1414,18 @@ impl SessionEngine {
             sections,
             breakpoints: packet.breakpoints.len(),
             churn: std::mem::replace(&mut self.pending_churn, ChurnCause::None),
+            tools: self.tool_stats,
+            stages: allocate(
+                settings.limit,
+                &settings.budget,
+                &settings.stages,
+                settings.lazy_tools.threshold_tokens,
+                section_tokens(
+                    &packet,
+                    self.compiler.volatile_tokens() + u64::from(self.counter.count(&packet.telemetry)),
+                ),
+            ),
+            max_tokens_clamp,
         };
         Ok(call)
     }
@@ -1270,13 +1544,14 @@ impl SessionEngine {
             self.tenant.clone_from(&settings.tenant);
         }
         self.refresh(settings, false)?;
+        self.rank_tools(settings, latest_user_text(&request.turns))?;
         self.prepare_prefix(settings, &request.system_text, &request.tools)?;
         let (first_new, chains, rewind) = self.place_turns(&request.turns, transparent, now_ms)?;
         let mut drafted = Drafts::default();
         for turn in &request.turns[first_new..] {
             self.draft(settings, turn, now_ms, &mut drafted)?;
         }
-        let Drafts { drafts, spilled_bytes, offloaded } = drafted;
+        let Drafts { drafts, spilled_bytes, offloaded, digests } = drafted;
         let estimated_tokens: u64 = drafts.iter().map(|draft| draft.tokens).sum();
         let admission = OperationRequest {
             operation_id,
@@ -1331,14 +1606,109 @@ impl SessionEngine {
             rewind,
             volatile_system: self.system_split.kinds.clone(),
             chain_tail,
+            digests,
             first_call,
         })))
     }
 
-    /// Whether the context plus its reservations reached the compaction trigger.
+    /// Whether the context plus its reservations reached the compaction trigger, or the history
+    /// stage is over its ceiling.
     fn reached_trigger(&self, settings: &SessionSettings) -> bool {
         let used = self.compiler.context_tokens() + settings.reserved_tokens();
         used >= settings.limit * u64::from(settings.compaction_trigger_percent) / 100
+            || self.stage_over(settings, Stage::History)
+    }
+
+    /// Whether `stage` takes more than its allocation now.
+    fn stage_over(&self, settings: &SessionSettings, stage: Stage) -> bool {
+        let ceiling = match stage {
+            Stage::History => settings.stages.history_tokens,
+            Stage::ToolResults => settings.stages.tool_results_tokens,
+            _ => return false,
+        };
+        if ceiling == 0 {
+            return false;
+        }
+        let Ok(packet) = self.compiler.compile(settings.limit, settings.budget) else { return false };
+        allocate(
+            settings.limit,
+            &settings.budget,
+            &settings.stages,
+            settings.lazy_tools.threshold_tokens,
+            section_tokens(&packet, self.compiler.volatile_tokens()),
+        )
+        .iter()
+        .any(|usage| usage.stage == stage && usage.over)
+    }
+
+    /// Tool results over their stage ceiling are elided, oldest first, in one batch, until the
+    /// section fits (or nothing elidable is left). Returns what was elided and moved off-window.
+    fn enforce_tool_results_budget(
+        &mut self,
+        settings: &SessionSettings,
+    ) -> Result<(Treated, Offloaded), EngineError> {
+        if !self.stage_over(settings, Stage::ToolResults) {
+            return Ok((Treated::default(), Vec::new()));
+        }
+        let packet = self.compiler.compile(settings.limit, settings.budget)?;
+        let allocated = allocate(
+            settings.limit,
+            &settings.budget,
+            &settings.stages,
+            settings.lazy_tools.threshold_tokens,
+            section_tokens(&packet, self.compiler.volatile_tokens()),
+        )
+        .into_iter()
+        .find(|usage| usage.stage == Stage::ToolResults)
+        .map_or(0, |usage| usage.used.saturating_sub(usage.allocated));
+        let candidates: BTreeMap<EntryId, u64> = packet
+            .entries
+            .iter()
+            .filter(|entry| {
+                entry.included
+                    && entry.id.kind() == EntryKind::ToolResult
+                    && entry.reason == InclusionReason::Journal
+            })
+            .map(|entry| (entry.id, entry.tokens))
+            .collect();
+        let mut over = allocated;
+        let mut batch = BTreeMap::new();
+        let mut offloaded = Vec::new();
+        let mut saved = 0;
+        for entry in self.journal.entries() {
+            if over == 0 {
+                break;
+            }
+            let Some(&tokens) = candidates.get(&entry.id) else { continue };
+            let (content, refs) = elide_entry(entry, &settings.elision, &self.store, &settings.tenant)?;
+            if refs.is_empty() {
+                continue;
+            }
+            for (data_ref, result) in refs.into_iter().zip(&entry.content.tool_results) {
+                offloaded.push((data_ref, result.output.clone()));
+            }
+            let treatment = Self::elision_treatment(&content);
+            let kept = match &treatment {
+                Treatment::Replace { text, .. } => u64::from(self.counter.count(text)),
+                Treatment::Omit => 0,
+            };
+            let entry_saved = tokens.saturating_sub(kept);
+            saved += entry_saved;
+            over = over.saturating_sub(entry_saved);
+            batch.insert(entry.id, treatment);
+        }
+        if batch.is_empty() {
+            return Ok((Treated::default(), Vec::new()));
+        }
+        let treated = Treated { entries: batch.len() as u64, tokens: saved };
+        self.elided.extend(batch.keys().copied());
+        self.compiler.apply_treatments(batch, self.journal.entries(), &self.counter)?;
+        self.tier2_epoch += 1;
+        if self.pending_churn == ChurnCause::None {
+            self.pending_churn = ChurnCause::HistoryRewrite;
+        }
+        self.state.write(ELIDED_FILE, &Some(&self.elided))?;
+        Ok((treated, offloaded))
     }
 
     /// Automatic compaction (Budget at the trigger, Emergency before a block); returns whether the
@@ -1385,8 +1755,12 @@ impl SessionEngine {
             self.observe_usage(call.status.tokens, usage.prompt_tokens)?;
         }
         let (expired, mut offloaded) = self.expire_ephemeral(settings, now_ms)?;
-        let (elided, elided_offloaded) = self.elide_old_results(settings)?;
+        let (mut elided, elided_offloaded) = self.elide_old_results(settings)?;
         offloaded.extend(elided_offloaded);
+        let (budget_elided, budget_offloaded) = self.enforce_tool_results_budget(settings)?;
+        elided.entries += budget_elided.entries;
+        elided.tokens += budget_elided.tokens;
+        offloaded.extend(budget_offloaded);
         let mut effects = AnswerEffects {
             internal: !memory_calls.is_empty() && memory_calls.len() == output.tool_calls.len(),
             memory_calls: memory_calls.iter().map(|c| c.name.clone()).collect(),
@@ -1397,6 +1771,7 @@ impl SessionEngine {
             offloaded,
             ..AnswerEffects::default()
         };
+        let loaded_before = self.tool_view.loaded_on_demand;
         for memory_call in &memory_calls {
             let outcome = memory_tools::execute(self, settings, memory_call, now_ms)?;
             effects.purges += u64::from(outcome.purged);
@@ -1413,6 +1788,7 @@ impl SessionEngine {
                 now_ms,
             )?;
         }
+        effects.tools_loaded = self.tool_view.loaded_on_demand - loaded_before;
         Ok(effects)
     }
 
@@ -1431,6 +1807,53 @@ impl SessionEngine {
             _ => Ok(()),
         }
     }
+}
+
+/// The name of the tool called as `call_id` by one of `drafts` (a call and its result arriving in
+/// the same request).
+fn called_in(drafts: &[EntryDraft], call_id: &str) -> Option<String> {
+    drafts
+        .iter()
+        .rev()
+        .flat_map(|draft| draft.content.tool_calls.iter())
+        .find(|call| call.call_id == call_id)
+        .map(|call| call.name.clone())
+}
+
+/// The text of the request's latest user message (what the tools are ranked against), at most
+/// 4,000 bytes.
+fn latest_user_text(turns: &[Turn]) -> &str {
+    let text = turns
+        .iter()
+        .rev()
+        .find(|turn| turn.role == Role::User && !turn.content.text.trim().is_empty())
+        .map_or("", |turn| turn.content.text.as_str());
+    let mut end = text.len().min(4_000);
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    &text[..end]
+}
+
+/// Tokens of each section of `packet` (`tail` is the volatile lines and the telemetry, counted as
+/// history).
+fn section_tokens(packet: &Packet<'_>, tail: u64) -> SectionTokens {
+    use crate::prefix::SectionClass;
+    let mut tokens = SectionTokens { history: tail, ..SectionTokens::default() };
+    for section in &packet.prefix.manifest().sections {
+        match section.class {
+            SectionClass::Tools => tokens.tools += u64::from(section.tokens),
+            SectionClass::System | SectionClass::Constants => tokens.system += u64::from(section.tokens),
+        }
+    }
+    for entry in packet.entries.iter().filter(|entry| entry.included) {
+        match entry.id.kind() {
+            EntryKind::Summary => tokens.memory += entry.tokens,
+            EntryKind::ToolResult => tokens.tool_results += entry.tokens,
+            _ => tokens.history += entry.tokens,
+        }
+    }
+    tokens
 }
 
 /// The prompt's cacheable units in order, as providers price them.

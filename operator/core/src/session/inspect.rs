@@ -31,6 +31,10 @@ pub enum ContextEvent {
     /// The journal rewound to the client's history (a transparent client edited, retried or
     /// restarted its conversation).
     Rewind,
+    /// A delegation's result entered as a bounded digest (the full result in the artifact store).
+    Digest,
+    /// Full tool schemas loaded on the model's demand (lazy schemas).
+    SchemaLoad,
 }
 
 impl AdmittedTurn {
@@ -48,6 +52,9 @@ impl AdmittedTurn {
         }
         if self.rewind.is_some() {
             events.push(ContextEvent::Rewind);
+        }
+        if !self.digests.is_empty() {
+            events.push(ContextEvent::Digest);
         }
         events
     }
@@ -69,6 +76,9 @@ impl AnswerEffects {
         }
         if self.compactions > 0 {
             events.push(ContextEvent::Compaction);
+        }
+        if self.tools_loaded > 0 {
+            events.push(ContextEvent::SchemaLoad);
         }
         events
     }

@@ -10,6 +10,7 @@ use crate::entry::{EntryId, ToolCall};
 use crate::purge::{PurgeRequest, purge};
 use crate::tool_output::{READ_OUTPUT_TOOL_NAME, ReadRequest, read_output};
 
+use super::capabilities::{LOAD_TOOLS_NAME, requested_names};
 use super::compacting::CompactionAsk;
 use super::engine::{EngineError, SessionEngine};
 use super::settings::SessionSettings;
@@ -58,6 +59,13 @@ pub fn execute(
                     .unwrap_or_else(|error| format!("strata_read_output failed: {error}"))
             }
             Err(error) => format!("strata_read_output: invalid arguments: {error}"),
+        };
+        return Ok(MemoryOutcome { output, purged: false, compacted: false });
+    }
+    if call.name == LOAD_TOOLS_NAME {
+        let output = match requested_names(&call.arguments_json) {
+            Ok(names) => engine.load_tools(&names)?.0,
+            Err(problem) => format!("strata_load_tools: invalid arguments: {problem}"),
         };
         return Ok(MemoryOutcome { output, purged: false, compacted: false });
     }

@@ -7,6 +7,7 @@
 //! [`SessionEngine::next_call`] for the rounds after a memory-tool call. The gateway drives it
 //! over HTTP; `strata replay` drives it call by call over recorded sessions.
 
+pub mod capabilities;
 mod compacting;
 pub mod engine;
 pub mod inspect;
@@ -23,8 +24,8 @@ pub mod turn;
 
 pub use compacting::{CompactionAsk, is_superseded};
 pub use engine::{
-    AnswerEffects, ChurnCause, EngineError, EntrySummary, LOWER_BUDGET_PERCENTS, Rewind, RewindCause,
-    SectionSummary, SessionEngine, TurnOutcome, TurnRequest, UpstreamCall, now_ms,
+    AnswerEffects, ChurnCause, DigestRecord, EngineError, EntrySummary, LOWER_BUDGET_PERCENTS, Rewind,
+    RewindCause, SectionSummary, SessionEngine, TurnOutcome, TurnRequest, UpstreamCall, now_ms,
 };
 pub use inspect::{ContextEvent, EntryDetail};
 pub use settings::SessionSettings;

@@ -1,9 +1,10 @@
 //! The engine's knobs: one value derived from the effective policy by the binary, the same for the
 //! gateway, `strata compact` and `strata replay`.
 
-use crate::budget::BudgetPolicy;
+use crate::budget::{BudgetPolicy, StageBudgets};
 use crate::compaction::CompactionSettings;
 use crate::compiler::BreakpointPlacement;
+use crate::delegation::DelegationPolicy;
 use crate::economics::CachePricing;
 use crate::lifecycle::VolumeRetention;
 use crate::prefix::StablePrefixSources;
@@ -12,6 +13,7 @@ use crate::retention::{Classifier, ExpiryPolicy};
 use crate::tokens::TokenizerKind;
 use crate::tool_output::{ElisionPolicy, SpillPolicy};
 
+use super::capabilities::LazyToolsPolicy;
 use super::turn::Api;
 
 /// Everything the session engine needs to know about the agent's policy and model.
@@ -62,6 +64,12 @@ pub struct SessionSettings {
     pub tokenizer: TokenizerKind,
     /// How long derived files on the volume are kept (the artifact sweeper).
     pub volume: VolumeRetention,
+    /// Delegation tools and their parent-return budget.
+    pub delegation: DelegationPolicy,
+    /// Lazy tool schemas (their threshold is the tools stage's ceiling).
+    pub lazy_tools: LazyToolsPolicy,
+    /// Per-section ceilings after the output reserve.
+    pub stages: StageBudgets,
 }
 
 impl SessionSettings {
@@ -89,6 +97,9 @@ impl SessionSettings {
             retain_generations: 3,
             tokenizer: TokenizerKind::O200kBase,
             volume: VolumeRetention::default(),
+            delegation: DelegationPolicy::default(),
+            lazy_tools: LazyToolsPolicy::default(),
+            stages: StageBudgets::default(),
         }
     }
 

@@ -14,7 +14,10 @@ pub const COMPACT_TOOL_NAME: &str = "strata_compact_context";
 
 /// Whether `name` is a tool the gateway executes itself.
 pub fn is_memory_tool(name: &str) -> bool {
-    name == PURGE_TOOL_NAME || name == COMPACT_TOOL_NAME || name == READ_OUTPUT_TOOL_NAME
+    name == PURGE_TOOL_NAME
+        || name == COMPACT_TOOL_NAME
+        || name == READ_OUTPUT_TOOL_NAME
+        || name == super::capabilities::LOAD_TOOLS_NAME
 }
 
 // The schemas go upstream on every call (cached with Tier 1, still read at 0.1x each time), so
@@ -77,7 +80,7 @@ fn read_output_schema() -> (String, Value) {
     )
 }
 
-fn shaped(api: Api, name: &str, description: String, parameters: Value) -> Value {
+pub(super) fn shaped(api: Api, name: &str, description: String, parameters: Value) -> Value {
     match api {
         Api::OpenAi => json!({
             "type": "function",
@@ -97,6 +100,12 @@ pub fn memory_tools(api: Api) -> Vec<Value> {
         shaped(api, COMPACT_TOOL_NAME, compact_description, compact_parameters),
         shaped(api, READ_OUTPUT_TOOL_NAME, read_description, read_parameters),
     ]
+}
+
+/// `strata_load_tools` in `api`'s shape (appended after the memory tools while schemas are lazy).
+pub fn load_tools_tool(api: Api) -> Value {
+    let (description, parameters) = super::capabilities::load_tools_schema();
+    shaped(api, super::capabilities::LOAD_TOOLS_NAME, description, parameters)
 }
 
 /// Converts a tool schema given in either shape (OpenAI `{type, function}` or Anthropic/MCP

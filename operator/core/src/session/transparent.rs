@@ -226,7 +226,31 @@ impl TransparentIndex {
                 self.holders.remove(&id);
             }
         }
-        let Some(path) = &self.path else { return Ok(unissued.len()) };
+        self.rewrite_file()?;
+        Ok(unissued.len())
+    }
+
+    /// Forgets every chain value except `live` (the values of the conversation the client now
+    /// sends): after a new conversation replaced the journal's, the old one's values can only
+    /// describe turns no client sends any more, and an always-on agent would otherwise keep every
+    /// value it ever saw. The file is rewritten. Returns how many values were forgotten.
+    pub fn retain_only(&mut self, live: &[ChainHash]) -> Result<usize, IndexError> {
+        let live: HashSet<&ChainHash> = live.iter().collect();
+        let before = self.known.len();
+        self.known.retain(|value, _| live.contains(value));
+        let forgotten = before - self.known.len();
+        if forgotten == 0 {
+            return Ok(0);
+        }
+        self.holders = self.known.values().flatten().copied().collect();
+        self.rewrite_file()?;
+        Ok(forgotten)
+    }
+
+    /// Rewrites the file with the values known now: a temporary file, synced, renamed over it, so a
+    /// crash leaves the old file or the whole new one.
+    fn rewrite_file(&self) -> Result<(), IndexError> {
+        let Some(path) = &self.path else { return Ok(()) };
         let error = |cause| IndexError { path: path.clone(), cause };
         let mut text = String::new();
         for (value, entry) in &self.known {
@@ -238,9 +262,20 @@ impl TransparentIndex {
             text.push('\n');
         }
         let tmp = path.with_extension("tmp");
-        std::fs::write(&tmp, text).map_err(error)?;
-        std::fs::rename(&tmp, path).map_err(error)?;
-        Ok(unissued.len())
+        let mut file = std::fs::File::create(&tmp).map_err(error)?;
+        file.write_all(text.as_bytes()).map_err(error)?;
+        file.sync_all().map_err(error)?;
+        std::fs::rename(&tmp, path).map_err(error)
+    }
+
+    /// How many chain values are known.
+    pub fn len(&self) -> usize {
+        self.known.len()
+    }
+
+    /// Whether no chain value is known.
+    pub fn is_empty(&self) -> bool {
+        self.known.is_empty()
     }
 
     /// The index file, when persisted.

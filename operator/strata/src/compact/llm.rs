@@ -4,11 +4,13 @@
 
 use std::time::Duration;
 
+use crate::gateway::provider::adapter_for;
 use serde_json::{Value, json};
 use strata_api::agent::Provider;
 use strata_core::compaction::{
     CompactedState, SummarizeError, Summarizer, SummaryFuture, SummaryInput, chunk_delta,
 };
+use strata_core::session::Api;
 
 /// Where and how to call the summariser model.
 #[derive(Debug, Clone)]
@@ -135,29 +137,25 @@ impl LlmSummarizer {
         let schema = model_schema();
         let instructions = "You compact the history of an always-on LLM agent into a CompactedState JSON \
                             object. Be dense and factual. Never invent entry IDs.";
-        let (url, body) = match settings.provider {
-            Provider::Anthropic => {
-                let url = if base.ends_with("/v1") {
-                    format!("{base}/messages")
-                } else {
-                    format!("{base}/v1/messages")
-                };
+        let adapter = adapter_for(settings.provider);
+        let url = adapter.url(base, adapter.upstream_path());
+        let body = match adapter.api() {
+            Api::Anthropic => {
                 let system =
                     format!("{instructions}\nThe JSON object must match this JSON Schema:\n{schema}");
                 let messages: Vec<Value> =
                     turns.iter().map(|turn| json!({"role": turn.role, "content": turn.text})).collect();
-                let body = json!({
+                json!({
                     "model": settings.model,
                     "max_tokens": settings.max_output_tokens,
                     "system": system,
                     "messages": messages,
-                });
-                (url, body)
+                })
             }
-            Provider::OpenAI | Provider::OpenAICompatible => {
+            Api::OpenAi => {
                 let mut messages = vec![json!({"role": "system", "content": instructions})];
                 messages.extend(turns.iter().map(|turn| json!({"role": turn.role, "content": turn.text})));
-                let body = json!({
+                json!({
                     "model": settings.model,
                     "messages": messages,
                     "max_completion_tokens": settings.max_output_tokens,
@@ -165,21 +163,11 @@ impl LlmSummarizer {
                         "type": "json_schema",
                         "json_schema": {"name": "compacted_state", "strict": true, "schema": schema},
                     },
-                });
-                (format!("{base}/chat/completions"), body)
+                })
             }
         };
-        let mut request = self.client.post(&url).json(&body);
-        if let Some(key) = &settings.api_key {
-            request = match settings.provider {
-                Provider::Anthropic => {
-                    request.header("x-api-key", key).header("anthropic-version", "2023-06-01")
-                }
-                Provider::OpenAI | Provider::OpenAICompatible => request.bearer_auth(key),
-            };
-        } else if settings.provider == Provider::Anthropic {
-            request = request.header("anthropic-version", "2023-06-01");
-        }
+        let request =
+            adapter.authenticate(self.client.post(&url).json(&body), settings.api_key.as_deref(), false);
         let unavailable = |error: reqwest::Error| SummarizeError::Unavailable(format!("POST {url}: {error}"));
         let response = request.send().await.map_err(unavailable)?;
         let status = response.status();
@@ -191,21 +179,10 @@ impl LlmSummarizer {
         let value: Value = serde_json::from_str(&text).map_err(|error| {
             SummarizeError::Unavailable(format!("POST {url}: the reply is not JSON: {error}"))
         })?;
-        Ok(match settings.provider {
-            Provider::Anthropic => Reply {
-                text: value["content"]
-                    .as_array()
-                    .map(|blocks| {
-                        blocks.iter().filter_map(|block| block["text"].as_str()).collect::<String>()
-                    })
-                    .unwrap_or_default(),
-                truncated: value["stop_reason"] == "max_tokens",
-            },
-            Provider::OpenAI | Provider::OpenAICompatible => Reply {
-                text: value["choices"][0]["message"]["content"].as_str().unwrap_or_default().to_owned(),
-                truncated: value["choices"][0]["finish_reason"] == "length",
-            },
-        })
+        let output = adapter
+            .parse_answer(value)
+            .map_err(|error| SummarizeError::Unavailable(format!("POST {url}: {error}")))?;
+        Ok(Reply { truncated: adapter.stopped_at_limit(&output), text: output.text })
     }
 }
 

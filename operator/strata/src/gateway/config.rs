@@ -54,14 +54,6 @@ pub enum ConfigError {
         /// The rule error.
         cause: RetentionRuleError,
     },
-    /// A policy field does not translate to the engine's settings.
-    #[error("{path}: {cause}")]
-    Policy {
-        /// The file.
-        path: PathBuf,
-        /// What does not translate.
-        cause: PolicyError,
-    },
     /// A redaction pattern does not compile.
     #[error("{path}: policy.redaction.extraPatterns: {cause}")]
     Redaction {
@@ -121,7 +113,6 @@ impl Settings {
             PolicyError::Budget(cause) => ConfigError::Budget { path: path.to_owned(), cause },
             PolicyError::Redaction(cause) => ConfigError::Redaction { path: path.to_owned(), cause },
             PolicyError::Retention(cause) => ConfigError::Retention { path: path.to_owned(), cause },
-            cause => ConfigError::Policy { path: path.to_owned(), cause },
         })?;
         let session = SessionSettings {
             revision: REVISIONS.fetch_add(1, Ordering::Relaxed),

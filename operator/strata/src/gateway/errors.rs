@@ -3,7 +3,7 @@
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use bytes::Bytes;
-use serde_json::{Value, json};
+use serde_json::Value;
 use strata_core::budget::BudgetExceeded;
 
 use strata_core::session::EngineError;
@@ -134,22 +134,13 @@ impl GatewayError {
 
     /// The error body in `api`'s shape.
     pub fn body(&self, api: Api) -> Value {
-        let message = self.to_string();
-        let mut error = match api {
-            Api::OpenAi => {
-                json!({"message": message, "type": self.kind(), "param": null, "code": self.kind()})
-            }
-            Api::Anthropic => json!({"type": self.kind(), "message": message}),
-        };
-        if let (GatewayError::Blocked(notice), Some(fields)) = (self, error.as_object_mut())
+        let mut details = serde_json::Map::new();
+        if let GatewayError::Blocked(notice) = self
             && let Ok(Value::Object(notice)) = serde_json::to_value(notice.as_ref())
         {
-            fields.extend(notice);
+            details = notice;
         }
-        match api {
-            Api::OpenAi => json!({"error": error}),
-            Api::Anthropic => json!({"type": "error", "error": error}),
-        }
+        super::provider::adapter(api).error_body(self.kind(), &self.to_string(), details)
     }
 
     /// The HTTP response in `api`'s shape (upstream errors unchanged).

@@ -4,8 +4,9 @@ use std::collections::VecDeque;
 use std::sync::Mutex;
 
 use serde::Serialize;
-use strata_core::budget::ContextStatus;
+use strata_core::budget::{ContextStatus, MaxTokensClamp, StageUsage};
 use strata_core::session::ContextEvent;
+use strata_core::session::capabilities::ToolBlockStats;
 
 use strata_core::session::turn::Usage;
 use strata_core::session::{ChurnCause, SectionSummary};
@@ -36,6 +37,17 @@ pub struct RoundRecord {
     pub events: Vec<ContextEvent>,
     /// Time waiting for the upstream, microseconds.
     pub upstream_micros: u64,
+    /// Each prompt section's budget and use, the output reserve first.
+    pub stages: Vec<StageUsage>,
+    /// The client's tools as sent: full schemas and summaries.
+    pub tools: ToolBlockStats,
+    /// The client's max_tokens, when it was lowered to the output reserve.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub max_tokens_clamp: Option<MaxTokensClamp>,
+    /// Tools whose schemas were loaded because the model called them seeing only their summary:
+    /// this round's answer was dropped and the call repeated (the client never saw it).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub schema_retry: Vec<String>,
 }
 
 /// The cache outcome as the provider reported it.

@@ -1,7 +1,8 @@
 //! Prometheus metrics of the gateway, served on the metrics listener.
 
 use prometheus::{
-    Encoder, Histogram, HistogramOpts, IntCounter, IntCounterVec, IntGauge, Opts, Registry, TextEncoder,
+    Encoder, Histogram, HistogramOpts, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry,
+    TextEncoder,
 };
 
 /// A metric could not be registered.
@@ -78,6 +79,33 @@ pub struct Metrics {
     pub added_overhead: Histogram,
     /// Time spent waiting for the upstream, seconds.
     pub upstream_duration: Histogram,
+    /// Client tools at the last call, by form (full, summarised).
+    pub tool_schemas: IntGaugeVec,
+    /// Tokens of the client's tool schemas at the last call, as sent and in full.
+    pub tool_schema_tokens: IntGaugeVec,
+    /// Full schemas loaded on demand, by trigger.
+    pub tool_schemas_loaded: IntCounterVec,
+    /// Upstream calls repeated after the model called a tool it saw only summarised.
+    pub tool_schema_retries: IntCounter,
+    /// Delegation results entered as digests, by source (structured, extractive).
+    pub delegation_digests: IntCounterVec,
+    /// Tokens of delegation results, full (artifact store) and returned (parent context).
+    pub delegation_tokens: IntCounterVec,
+    /// Requests whose max_tokens was lowered to the output reserve.
+    pub max_tokens_clamped: IntCounter,
+    /// Each prompt section's tokens at the last call, used and allocated.
+    pub stage_tokens: IntGaugeVec,
+}
+
+fn gauge_vec(
+    registry: &Registry,
+    name: &str,
+    help: &str,
+    labels: &[&str],
+) -> Result<IntGaugeVec, MetricsError> {
+    let metric = IntGaugeVec::new(Opts::new(name, help), labels)?;
+    registry.register(Box::new(metric.clone()))?;
+    Ok(metric)
 }
 
 fn counter_vec(
@@ -268,6 +296,52 @@ impl Metrics {
                 "strata_gateway_upstream_seconds",
                 "Time waiting for the upstream",
                 upstream_buckets,
+            )?,
+            tool_schemas: gauge_vec(
+                &registry,
+                "strata_gateway_tool_schemas",
+                "Client tools at the last upstream call, by form: full (whole schema) or summarised (name and one line, lazy schemas)",
+                &["form"],
+            )?,
+            tool_schema_tokens: gauge_vec(
+                &registry,
+                "strata_gateway_tool_schema_tokens",
+                "Tokens of the client's tool schemas at the last upstream call: sent (summaries included) and full (had every schema been sent)",
+                &["kind"],
+            )?,
+            tool_schemas_loaded: counter_vec(
+                &registry,
+                "strata_gateway_tool_schemas_loaded_total",
+                "Full tool schemas delivered on demand in the history (the tool block is left alone), by trigger: load_tool (the model called strata_load_tools) or summarised_call (the model called a summarised tool; the call was retried)",
+                &["trigger"],
+            )?,
+            tool_schema_retries: counter(
+                &registry,
+                "strata_gateway_tool_schema_retries_total",
+                "Upstream calls repeated, invisibly to the client, because the model called a tool it saw only summarised",
+            )?,
+            delegation_digests: counter_vec(
+                &registry,
+                "strata_gateway_delegation_digests_total",
+                "Delegation (sub-agent) results entered into the parent's context as bounded digests, by source: structured (the result matched the digest schema) or extractive (free text)",
+                &["source"],
+            )?,
+            delegation_tokens: counter_vec(
+                &registry,
+                "strata_gateway_delegation_tokens_total",
+                "Tokens of delegation results: full (kept in the artifact store) and returned (the digest in the parent's context)",
+                &["kind"],
+            )?,
+            max_tokens_clamped: counter(
+                &registry,
+                "strata_gateway_max_tokens_clamped_total",
+                "Requests whose max_tokens was above budget.reservedCompletionTokens and was lowered to it",
+            )?,
+            stage_tokens: gauge_vec(
+                &registry,
+                "strata_gateway_stage_tokens",
+                "Each prompt section's tokens at the last upstream call (output_reserve, system, tools, memory, tool_results, history): used, and allocated by the stage budgets",
+                &["stage", "kind"],
             )?,
             registry,
         })

@@ -13,6 +13,7 @@ mod openai;
 mod pending;
 mod pipeline;
 mod proposals;
+pub(crate) mod provider;
 mod reporter;
 mod response_cache;
 mod server;

@@ -21,8 +21,8 @@ use axum::response::Response;
 use bytes::Bytes;
 use futures::StreamExt;
 use serde_json::{Map, Value};
-use strata_api::agent::{Provider, SessionMode};
-use strata_core::budget::{BudgetLevel, OperationId};
+use strata_api::agent::SessionMode;
+use strata_core::budget::{BudgetLevel, MaxTokensClamp, OperationId};
 use strata_core::session::tool_schema::is_memory_tool;
 use strata_core::session::transparent::ChainHash;
 use strata_core::session::{
@@ -37,16 +37,20 @@ use super::errors::GatewayError;
 use super::inspect::{InspectLog, RequestRecord, RoundRecord, cache_outcome};
 use super::metrics::Metrics;
 use super::pending::PendingOperations;
+use super::provider::{ProviderAdapter, adapter, adapter_for};
 use super::response_cache::{self, CacheKey, CachedAnswer, ResponseCache};
-use super::sse::{SseEvent, SseParser};
+use super::sse::SseParser;
 use super::upstream::Upstream;
-use super::{anthropic, openai};
 
 /// Upstream calls per client request at most (memory-tool rounds included).
 pub const MAX_ROUNDS: usize = 8;
 
 /// The header naming a stateful session.
 pub const SESSION_HEADER: &str = "x-strata-session";
+
+/// The response header reporting that the client's max_tokens was lowered to the output reserve:
+/// `requested=64000, applied=8192`.
+pub const MAX_TOKENS_CLAMPED_HEADER: &str = "x-strata-max-tokens-clamped";
 
 /// Shared state of a running gateway.
 #[derive(Debug)]
@@ -97,32 +101,16 @@ struct Prepared {
     first_call: Option<Box<UpstreamCall>>,
     /// Events of admitting the turn, shown on its first round.
     admission_events: Vec<ContextEvent>,
+    /// The client's max_tokens lowered to the output reserve, if it was.
+    max_tokens_clamp: Option<MaxTokensClamp>,
 }
 
-fn api_name(api: Api) -> &'static str {
-    match api {
-        Api::OpenAi => "openai",
-        Api::Anthropic => "anthropic",
-    }
-}
-
-fn path_of(api: Api) -> &'static str {
-    match api {
-        Api::OpenAi => "chat/completions",
-        Api::Anthropic => "messages",
-    }
-}
-
-fn check_api(settings: &Settings, api: Api) -> Result<(), GatewayError> {
+fn check_api(settings: &Settings, adapter: &dyn ProviderAdapter) -> Result<(), GatewayError> {
     let provider = settings.provider();
-    let matches = match api {
-        Api::OpenAi => matches!(provider, Provider::OpenAI | Provider::OpenAICompatible),
-        Api::Anthropic => provider == Provider::Anthropic,
-    };
-    if matches {
+    if adapter.serves(provider) {
         return Ok(());
     }
-    let right = if provider == Provider::Anthropic { "/v1/messages" } else { "/v1/chat/completions" };
+    let right = adapter_for(provider).client_path();
     Err(GatewayError::BadRequest(format!(
         "this gateway's upstream is {provider:?}; send requests to {right} in that provider's format"
     )))
@@ -145,18 +133,8 @@ pub fn upstream_head(settings: &Settings, request: &ChatRequest) -> Map<String, 
     if request.stream {
         head.insert("stream".into(), true.into());
     }
-    match settings.provider() {
-        Provider::OpenAI => {
-            head.insert("prompt_cache_key".into(), settings.config.cache_key.clone().into());
-        }
-        Provider::OpenAICompatible => {
-            head.insert("cache_salt".into(), settings.config.cache_key.clone().into());
-        }
-        Provider::Anthropic => {}
-    }
-    if request.stream && request.api == Api::OpenAi {
-        head.insert("stream_options".into(), serde_json::json!({"include_usage": true}));
-    }
+    let provider = settings.provider();
+    adapter(request.api).add_upstream_fields(&mut head, provider, &settings.config.cache_key, request.stream);
     head
 }
 
@@ -168,11 +146,9 @@ async fn prepare(
 ) -> Result<Prepared, GatewayError> {
     let started = Instant::now();
     let settings = gateway.live.get();
-    check_api(&settings, api)?;
-    let request = match api {
-        Api::OpenAi => openai::parse_request(body)?,
-        Api::Anthropic => anthropic::parse_request(body)?,
-    };
+    let adapter = adapter(api);
+    check_api(&settings, adapter)?;
+    let request = adapter.parse_request(body)?;
     let has_session = headers.contains_key(SESSION_HEADER);
     if settings.config.session_mode == SessionMode::Stateful && !has_session {
         return Err(GatewayError::BadRequest(format!(
@@ -180,11 +156,11 @@ async fn prepare(
         )));
     }
     let transparent = !has_session;
-    let operation_id = OperationId::from_request(api_name(api), body);
+    let operation_id = OperationId::from_request(adapter.name(), body);
     let mut record = RequestRecord {
         operation_id: operation_id.to_string(),
         at_ms: now_ms(),
-        api: api_name(api),
+        api: adapter.name(),
         stream: request.stream,
         session: if transparent { "transparent" } else { "stateful" },
         new_entries: 0,
@@ -252,6 +228,11 @@ async fn prepare(
     gateway.metrics.held_request_bytes.set(i64::try_from(gateway.pending.usage().1).unwrap_or(i64::MAX));
     gateway.metrics.spilled_bytes.inc_by(spilled_bytes);
     gateway.metrics.deduplicated_tokens.inc_by(deduplicated);
+    for digest in &admitted.digests {
+        gateway.metrics.delegation_digests.with_label_values(&[digest.source.label()]).inc();
+        gateway.metrics.delegation_tokens.with_label_values(&["full"]).inc_by(digest.full_tokens);
+        gateway.metrics.delegation_tokens.with_label_values(&["returned"]).inc_by(digest.return_tokens);
+    }
     Ok(Prepared {
         first_call: Some(first_call),
         chain_tail,
@@ -262,6 +243,7 @@ async fn prepare(
         overhead: started.elapsed(),
         cache_key: None,
         admission_events,
+        max_tokens_clamp: None,
     })
 }
 
@@ -284,8 +266,78 @@ async fn plan(gateway: &Gateway, prepared: &mut Prepared) -> Result<UpstreamCall
     gateway.metrics.context_tokens.set(i64::try_from(call.status.tokens).unwrap_or(i64::MAX));
     gateway.metrics.context_limit.set(i64::try_from(call.status.limit).unwrap_or(i64::MAX));
     gateway.metrics.context_level.set(level_value(call.status.level));
+    record_call_shape(&gateway.metrics, &call);
+    if prepared.max_tokens_clamp.is_none() && call.max_tokens_clamp.is_some() {
+        prepared.max_tokens_clamp = call.max_tokens_clamp;
+        gateway.metrics.max_tokens_clamped.inc();
+    }
     prepared.overhead += started.elapsed();
     Ok(call)
+}
+
+/// The tool block's and the stages' gauges at one call.
+fn record_call_shape(metrics: &Metrics, call: &UpstreamCall) {
+    let gauge = |value: u64| i64::try_from(value).unwrap_or(i64::MAX);
+    metrics.tool_schemas.with_label_values(&["full"]).set(gauge(call.tools.full));
+    metrics.tool_schemas.with_label_values(&["summarised"]).set(gauge(call.tools.summarised));
+    metrics.tool_schema_tokens.with_label_values(&["sent"]).set(gauge(call.tools.sent_tokens));
+    metrics.tool_schema_tokens.with_label_values(&["full"]).set(gauge(call.tools.full_tokens));
+    for stage in &call.stages {
+        metrics.stage_tokens.with_label_values(&[stage.stage.label(), "used"]).set(gauge(stage.used));
+        metrics
+            .stage_tokens
+            .with_label_values(&[stage.stage.label(), "allocated"])
+            .set(gauge(stage.allocated));
+    }
+}
+
+/// The model called tools it saw only summarised: their schemas are delivered in the history (a
+/// `strata_load_tools` round the engine appends) and the round's answer is dropped, to be
+/// repeated. Returns the call to record when nothing was delivered (schemas are not lazy, or every
+/// called tool had its schema), `None` when the round must be repeated.
+async fn load_summarised(
+    gateway: &Gateway,
+    prepared: &mut Prepared,
+    call: UpstreamCall,
+    output: &AssistantOutput,
+    upstream_time: Duration,
+    total: &mut Usage,
+) -> Result<Option<UpstreamCall>, GatewayError> {
+    if !call.tools.lazy || output.tool_calls.is_empty() {
+        return Ok(Some(call));
+    }
+    let settings = Arc::clone(&prepared.settings);
+    let answer = output.clone();
+    let loaded = gateway
+        .with_engine(move |engine| engine.deliver_schemas(&settings.session, &answer, now_ms()))
+        .await?;
+    if loaded.is_empty() {
+        return Ok(Some(call));
+    }
+    let metrics = &gateway.metrics;
+    metrics.tool_schema_retries.inc();
+    metrics.tool_schemas_loaded.with_label_values(&["summarised_call"]).inc_by(loaded.len() as u64);
+    metrics.upstream_calls.with_label_values(&["ok"]).inc();
+    metrics.upstream_duration.observe(upstream_time.as_secs_f64());
+    if let Some(usage) = &output.usage {
+        total.add(usage);
+    }
+    prepared.record.rounds.push(RoundRecord {
+        sections: call.sections,
+        breakpoints: call.breakpoints,
+        churn: call.churn,
+        status: call.status,
+        usage: output.usage,
+        cache_outcome: cache_outcome(output.usage.as_ref()),
+        memory_calls: Vec::new(),
+        events: Vec::new(),
+        upstream_micros: elapsed_micros(upstream_time),
+        stages: call.stages,
+        tools: call.tools,
+        max_tokens_clamp: call.max_tokens_clamp,
+        schema_retry: loaded,
+    });
+    Ok(None)
 }
 
 /// Journals one round's answer through the engine (which learns from its usage and runs its
@@ -340,6 +392,7 @@ async fn record_round(
     metrics.upstream_duration.observe(upstream_time.as_secs_f64());
     let mut events = std::mem::take(&mut prepared.admission_events);
     events.extend(effects.events());
+    metrics.tool_schemas_loaded.with_label_values(&["load_tool"]).inc_by(effects.tools_loaded);
     prepared.record.rounds.push(RoundRecord {
         sections: call.sections,
         breakpoints: call.breakpoints,
@@ -350,6 +403,10 @@ async fn record_round(
         memory_calls: effects.memory_calls,
         events,
         upstream_micros: elapsed_micros(upstream_time),
+        stages: call.stages,
+        tools: call.tools,
+        max_tokens_clamp: call.max_tokens_clamp,
+        schema_retry: Vec::new(),
     });
     prepared.overhead += started.elapsed();
     Ok(effects.internal)
@@ -357,10 +414,7 @@ async fn record_round(
 
 fn visible_turn(api: Api, texts: &[String], final_output: &AssistantOutput) -> Turn {
     let mut turn = final_output.visible_turn(is_memory_tool);
-    turn.content.text = match api {
-        Api::OpenAi => texts.concat(),
-        Api::Anthropic => anthropic::join_texts(texts.iter().map(String::as_str)),
-    };
+    turn.content.text = adapter(api).join_texts(texts);
     turn
 }
 
@@ -371,13 +425,10 @@ fn finish_record(gateway: &Gateway, mut prepared: Prepared, outcome: &str) {
     gateway.inspect.push(prepared.record);
 }
 
-fn parse_answer(api: Api, bytes: &[u8]) -> Result<AssistantOutput, GatewayError> {
+fn parse_answer(adapter: &dyn ProviderAdapter, bytes: &[u8]) -> Result<AssistantOutput, GatewayError> {
     let value: Value = serde_json::from_slice(bytes)
         .map_err(|error| GatewayError::UpstreamProtocol(format!("answer is not JSON: {error}")))?;
-    match api {
-        Api::OpenAi => openai::parse_response(value),
-        Api::Anthropic => anthropic::parse_response(value),
-    }
+    adapter.parse_answer(value)
 }
 
 async fn complete(
@@ -385,19 +436,32 @@ async fn complete(
     mut prepared: Prepared,
     headers: &HeaderMap,
 ) -> Result<Response, GatewayError> {
-    let api = prepared.request.api;
+    let adapter = adapter(prepared.request.api);
     let mut texts: Vec<String> = Vec::new();
     let mut total = Usage::default();
+    let mut retried = false;
     for _ in 0..MAX_ROUNDS {
         let mut call = plan(gateway, &mut prepared).await?;
         let body = std::mem::take(&mut call.body);
         let upstream_started = Instant::now();
-        let response = gateway.upstream.post(&prepared.settings, path_of(api), body, headers, false).await;
+        let response =
+            gateway.upstream.post(&prepared.settings, adapter.upstream_path(), body, headers, false).await;
         let response =
             response.inspect_err(|_| gateway.metrics.upstream_calls.with_label_values(&["error"]).inc())?;
         let bytes = gateway.upstream.read_body(&prepared.settings, response).await?;
         let upstream_time = upstream_started.elapsed();
-        let output = parse_answer(api, &bytes)?;
+        let output = parse_answer(adapter, &bytes)?;
+        let call = if retried {
+            call
+        } else {
+            match load_summarised(gateway, &mut prepared, call, &output, upstream_time, &mut total).await? {
+                Some(call) => call,
+                None => {
+                    retried = true;
+                    continue;
+                }
+            }
+        };
         let internal =
             record_round(gateway, &mut prepared, call, &output, upstream_time, &mut total, &texts).await?;
         texts.push(output.text.clone());
@@ -406,65 +470,25 @@ async fn complete(
         }
         let started = Instant::now();
         let earlier = &texts[..texts.len() - 1];
-        let body = match api {
-            Api::OpenAi => openai::client_response(&output, &earlier.concat(), &total),
-            Api::Anthropic => anthropic::client_response(&output, earlier, &total),
-        };
-        let body = Bytes::from(body.to_string());
+        let body = Bytes::from(adapter.client_response(&output, earlier, &total).to_string());
         if let Some(key) = prepared.cache_key
             && texts.len() == 1
         {
             gateway.responses.put(key, false, body.clone(), response_cache_ttl(&prepared.settings));
         }
         prepared.overhead += started.elapsed();
+        let clamp = prepared.max_tokens_clamp;
         finish_record(gateway, prepared, "ok");
-        return Ok(bytes_response(false, body));
+        let mut response = bytes_response(false, body);
+        report_clamp(&mut response, clamp);
+        return Ok(response);
     }
     finish_record(gateway, prepared, "memory_loop");
     Err(GatewayError::MemoryLoop { rounds: MAX_ROUNDS })
 }
 
-enum Translator {
-    OpenAi(openai::StreamTranslator),
-    Anthropic(anthropic::StreamTranslator),
-}
-
-impl Translator {
-    fn on_event(&mut self, event: &SseEvent) -> Result<Option<Bytes>, GatewayError> {
-        match self {
-            Translator::OpenAi(translator) => translator.on_event(&event.data),
-            Translator::Anthropic(translator) => translator.on_event(event.event.as_deref(), &event.data),
-        }
-    }
-
-    fn round_complete(&self) -> bool {
-        match self {
-            Translator::OpenAi(translator) => translator.round_complete(),
-            Translator::Anthropic(translator) => translator.round_complete(),
-        }
-    }
-
-    fn finish_round(&mut self) -> AssistantOutput {
-        match self {
-            Translator::OpenAi(translator) => translator.finish_round(),
-            Translator::Anthropic(translator) => translator.finish_round(),
-        }
-    }
-
-    fn closing(&self, total: &Usage) -> Vec<Bytes> {
-        match self {
-            Translator::OpenAi(translator) => translator.closing(total),
-            Translator::Anthropic(translator) => translator.closing(),
-        }
-    }
-}
-
-fn stream_error_event(api: Api, error: &GatewayError) -> Bytes {
-    let body = error.body(api).to_string();
-    match api {
-        Api::OpenAi => super::sse::encode(None, &body),
-        Api::Anthropic => super::sse::encode(Some("error"), &body),
-    }
+fn stream_error_event(adapter: &dyn ProviderAdapter, error: &GatewayError) -> Bytes {
+    adapter.stream_error_event(&error.body(adapter.api()).to_string())
 }
 
 struct ClientStream {
@@ -491,11 +515,8 @@ async fn stream_rounds(
     first: (UpstreamCall, reqwest::Response, Instant),
     mut client: ClientStream,
 ) {
-    let api = prepared.request.api;
-    let mut translator = match api {
-        Api::OpenAi => Translator::OpenAi(openai::StreamTranslator::new(prepared.request.wants_usage)),
-        Api::Anthropic => Translator::Anthropic(anthropic::StreamTranslator::default()),
-    };
+    let adapter = adapter(prepared.request.api);
+    let mut translator = adapter.stream_translator(prepared.request.wants_usage);
     let mut texts: Vec<String> = Vec::new();
     let mut total = Usage::default();
     let (mut call, mut response, mut upstream_started) = first;
@@ -510,7 +531,7 @@ async fn stream_rounds(
                 Ok(chunk) => chunk,
                 Err(error) => {
                     failure = Some(GatewayError::UpstreamUnreachable {
-                        url: super::upstream::url(&prepared.settings, path_of(api)),
+                        url: super::upstream::url(&prepared.settings, adapter.upstream_path()),
                         reason: error.to_string(),
                     });
                     break 'read;
@@ -548,7 +569,7 @@ async fn stream_rounds(
             ));
         }
         if let Some(error) = failure {
-            client.send(stream_error_event(api, &error)).await;
+            client.send(stream_error_event(adapter, &error)).await;
             finish_record(&gateway, prepared, &error.to_string());
             return;
         }
@@ -560,7 +581,7 @@ async fn stream_rounds(
             {
                 Ok(internal) => internal,
                 Err(error) => {
-                    client.send(stream_error_event(api, &error)).await;
+                    client.send(stream_error_event(adapter, &error)).await;
                     finish_record(&gateway, prepared, &error.to_string());
                     return;
                 }
@@ -583,8 +604,10 @@ async fn stream_rounds(
             let mut next_call = plan(&gateway, &mut prepared).await?;
             let started = Instant::now();
             let body = std::mem::take(&mut next_call.body);
-            let response =
-                gateway.upstream.post(&prepared.settings, path_of(api), body, &headers, true).await?;
+            let response = gateway
+                .upstream
+                .post(&prepared.settings, adapter.upstream_path(), body, &headers, true)
+                .await?;
             Ok::<_, GatewayError>((next_call, response, started))
         };
         match next.await {
@@ -594,14 +617,14 @@ async fn stream_rounds(
                 upstream_started = started;
             }
             Err(error) => {
-                client.send(stream_error_event(api, &error)).await;
+                client.send(stream_error_event(adapter, &error)).await;
                 finish_record(&gateway, prepared, &error.to_string());
                 return;
             }
         }
     }
     let error = GatewayError::MemoryLoop { rounds: MAX_ROUNDS };
-    client.send(stream_error_event(api, &error)).await;
+    client.send(stream_error_event(adapter, &error)).await;
     finish_record(&gateway, prepared, "memory_loop");
 }
 
@@ -610,13 +633,14 @@ async fn stream(
     mut prepared: Prepared,
     headers: HeaderMap,
 ) -> Result<Response, GatewayError> {
-    let api = prepared.request.api;
+    let path = adapter(prepared.request.api).upstream_path();
     let mut call = plan(&gateway, &mut prepared).await?;
     let started = Instant::now();
     let body = std::mem::take(&mut call.body);
-    let response = gateway.upstream.post(&prepared.settings, path_of(api), body, &headers, true).await;
+    let response = gateway.upstream.post(&prepared.settings, path, body, &headers, true).await;
     let response =
         response.inspect_err(|_| gateway.metrics.upstream_calls.with_label_values(&["error"]).inc())?;
+    let clamp = prepared.max_tokens_clamp;
     let (sender, receiver) = mpsc::channel::<Result<Bytes, Infallible>>(64);
     let client = ClientStream { sender, connected: true, copy: prepared.cache_key.map(|_| Vec::new()) };
     tokio::spawn(stream_rounds(gateway, prepared, headers, (call, response, started), client));
@@ -626,7 +650,17 @@ async fn stream(
     let mut response = Response::new(Body::from_stream(body));
     response.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static("text/event-stream"));
     response.headers_mut().insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
+    report_clamp(&mut response, clamp);
     Ok(response)
+}
+
+/// Names the max_tokens clamp in the response's headers.
+fn report_clamp(response: &mut Response, clamp: Option<MaxTokensClamp>) {
+    let Some(clamp) = clamp else { return };
+    let value = format!("requested={}, applied={}", clamp.requested, clamp.applied);
+    if let Ok(value) = HeaderValue::from_str(&value) {
+        response.headers_mut().insert(MAX_TOKENS_CLAMPED_HEADER, value);
+    }
 }
 
 fn response_cache_ttl(settings: &Settings) -> Duration {

@@ -9,7 +9,6 @@ use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use serde_json::json;
-use strata_api::agent::Provider;
 
 use super::errors::{GatewayError, json_response};
 use super::pipeline::{Gateway, chat};
@@ -166,10 +165,7 @@ async fn anthropic_chat(State(gateway): State<Arc<Gateway>>, request: Request) -
 }
 
 fn provider_api(gateway: &Gateway) -> Api {
-    match gateway.live.get().provider() {
-        Provider::Anthropic => Api::Anthropic,
-        Provider::OpenAI | Provider::OpenAICompatible => Api::OpenAi,
-    }
+    crate::engine_policy::api_of(gateway.live.get().provider())
 }
 
 async fn models(State(gateway): State<Arc<Gateway>>, request: Request) -> Response {

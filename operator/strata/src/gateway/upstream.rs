@@ -4,14 +4,11 @@ use std::time::Duration;
 
 use axum::http::{HeaderMap, HeaderValue, header};
 use bytes::{Bytes, BytesMut};
-use strata_api::agent::Provider;
 
 use super::config::Settings;
 use super::errors::GatewayError;
+use super::provider::adapter_for;
 use strata_core::session::render::body::ChunkedBody;
-
-/// The Anthropic API version sent when the client names none.
-pub const DEFAULT_ANTHROPIC_VERSION: &str = "2023-06-01";
 
 /// Client headers forwarded to the upstream.
 const FORWARDED_HEADERS: [&str; 3] = ["anthropic-version", "anthropic-beta", "openai-organization"];
@@ -51,11 +48,7 @@ fn base(settings: &Settings) -> String {
 
 /// The URL of `path` (`chat/completions`, `messages`, `models`) on the upstream.
 pub fn url(settings: &Settings, path: &str) -> String {
-    let base = base(settings);
-    match settings.provider() {
-        Provider::Anthropic if !base.ends_with("/v1") => format!("{base}/v1/{path}"),
-        _ => format!("{base}/{path}"),
-    }
+    adapter_for(settings.provider()).url(&base(settings), path)
 }
 
 impl Upstream {
@@ -85,22 +78,12 @@ impl Upstream {
                 request = request.header(name, value.as_bytes());
             }
         }
-        match settings.provider() {
-            Provider::Anthropic => {
-                if !client_headers.contains_key("anthropic-version") {
-                    request = request.header("anthropic-version", DEFAULT_ANTHROPIC_VERSION);
-                }
-                if let Some(key) = &settings.api_key {
-                    request = request.header("x-api-key", key);
-                }
-            }
-            Provider::OpenAI | Provider::OpenAICompatible => {
-                if let Some(key) = &settings.api_key {
-                    request = request.bearer_auth(key);
-                }
-            }
-        }
-        request
+        let client_sent_version = client_headers.contains_key("anthropic-version");
+        adapter_for(settings.provider()).authenticate(
+            request,
+            settings.api_key.as_deref(),
+            client_sent_version,
+        )
     }
 
     fn map_error(settings: &Settings, url: &str, error: reqwest::Error) -> GatewayError {

@@ -82,6 +82,12 @@ pub struct ReplayArgs {
     /// Threads scoring sweep points (all cores by default).
     #[arg(long, requires = "sweep")]
     pub jobs: Option<usize>,
+    /// Attach a synthetic tool set of about this many tokens to every call of the strata policy
+    /// (recorded sessions rarely keep their tool schemas): the tools the corpus's coding sessions
+    /// call plus MCP-style connector tools, written for Strata. The other policies are priced
+    /// without tools.
+    #[arg(long, value_name = "TOKENS")]
+    pub synthetic_tools: Option<u64>,
 }
 
 /// The JSON report.
@@ -160,8 +166,12 @@ fn volume_run(
 pub fn run(args: &ReplayArgs) -> anyhow::Result<bool> {
     let provider = if args.provider == "openai" { Provider::OpenAi } else { Provider::Anthropic };
     let strata = policy_file::session_settings(args.policy.as_deref(), provider, args.context_window)?;
-    let options = ReplayOptions { provider, strata, ..ReplayOptions::default() };
     let counter = TokenCounter::new(TokenizerKind::O200kBase).context("loading the o200k_base tokenizer")?;
+    let tools = args
+        .synthetic_tools
+        .map(|tokens| strata_core::replay::tool_set::synthetic_tool_set(tokens, &counter))
+        .unwrap_or_default();
+    let options = ReplayOptions { provider, strata, tools, ..ReplayOptions::default() };
     let format = InputFormat::from_name(&args.format).unwrap_or(InputFormat::Auto);
     if args.sweep {
         let jobs = args.jobs.unwrap_or_else(|| std::thread::available_parallelism().map_or(1, usize::from));
@@ -206,6 +216,9 @@ pub fn run(args: &ReplayArgs) -> anyhow::Result<bool> {
         recorded_cached_tokens: sum.recorded_cached_tokens + s.calibration.recorded_cached_tokens,
     });
     print!("{}", table::render(&totals, &sessions, &calibration, provider));
+    if !options.tools.is_empty() {
+        print!("{}", table::schema_loading(&sessions));
+    }
     if let Some(path) = &args.plot {
         let series: Vec<(String, Vec<&PolicyReport>)> = policy_series(&sessions);
         let svg = plot::render(&series).map_err(|e| anyhow::anyhow!("drawing the plot: {e}"))?;

@@ -46,8 +46,7 @@ pub fn session_settings(
 /// The retention rules of the policy at `path` (the built-in defaults' without one), in match order.
 pub fn retention_rules(path: Option<&Path>, context_window: u64) -> anyhow::Result<Vec<RetentionRule>> {
     let window = u32::try_from(context_window).unwrap_or(u32::MAX);
-    let effective = effective_policy(path, window)?;
-    engine_policy::retention_rules(&effective.retention).context("reading the policy's retention rules")
+    Ok(effective_policy(path, window)?.retention.rules)
 }
 
 fn effective_policy(path: Option<&Path>, window: u32) -> anyhow::Result<EffectivePolicy> {

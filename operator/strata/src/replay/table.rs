@@ -225,3 +225,31 @@ fn first_examples(
     }
     found
 }
+
+/// The strata policy's tool-schema line: tokens sent against the full schemas, calls with lazy
+/// schemas, schemas loaded on demand and retried calls, over every session.
+pub fn schema_loading(sessions: &[SessionReport]) -> String {
+    let mut total = strata_core::replay::simulate::SchemaLoading::default();
+    let mut calls = 0;
+    for report in sessions.iter().flat_map(|s| s.policies.iter()).filter(|p| p.policy == PolicyKind::Strata) {
+        let schemas = &report.schemas;
+        calls += report.calls.len();
+        total.lazy_calls += schemas.lazy_calls;
+        total.sent_tool_tokens += schemas.sent_tool_tokens;
+        total.full_tool_tokens += schemas.full_tool_tokens;
+        total.loaded_on_demand += schemas.loaded_on_demand;
+        total.retries += schemas.retries;
+    }
+    let saved = total.full_tool_tokens.saturating_sub(total.sent_tool_tokens);
+    let percent =
+        if total.full_tool_tokens == 0 { 0.0 } else { saved as f64 * 100.0 / total.full_tool_tokens as f64 };
+    format!(
+        "tool schemas (strata): {} of {} tokens sent over {calls} calls ({saved} saved, {percent:.1}%); \
+         lazy on {} calls; {} schemas loaded on demand; {} calls retried\n",
+        total.sent_tool_tokens,
+        total.full_tool_tokens,
+        total.lazy_calls,
+        total.loaded_on_demand,
+        total.retries
+    )
+}

@@ -19,7 +19,6 @@ use strata_core::tokens::TokenizerKind;
 use crate::controller::agent::dereference::{AgentInputs, Fetched, PolicyLookup};
 use crate::controller::error::{Error, Result};
 use crate::controller::prefix_cache::{PrefixCache, PrefixFailure};
-use crate::engine_policy;
 
 /// Longest Agent name: the StatefulSet's pods get a `controller-revision-hash` label of
 /// `<name>-<10 characters>`, which must fit in 63.
@@ -289,16 +288,8 @@ pub fn engine_problems(policy: &EffectivePolicy) -> Vec<Problem> {
     if let Err(error) = Redactor::new(policy.redaction.enabled, &policy.redaction.extra_patterns) {
         problems.push(Problem::policy("InvalidPattern", format!("{error}; {fix}")));
     }
-    match engine_policy::retention_rules(&policy.retention) {
-        Ok(rules) => {
-            if let Err(error) = Classifier::new(rules) {
-                problems.push(Problem::policy("InvalidRetentionRule", format!("{error}; {fix}")));
-            }
-        }
-        Err(error) => problems.push(Problem::policy(
-            "InvalidRetentionRule",
-            format!("the retention rules do not fit the engine's shape: {error}"),
-        )),
+    if let Err(error) = Classifier::new(policy.retention.rules.clone()) {
+        problems.push(Problem::policy("InvalidRetentionRule", format!("{error}; {fix}")));
     }
     problems
 }
