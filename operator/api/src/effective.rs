@@ -240,8 +240,8 @@ impl Default for EffectivePolicy {
                 stages: EffectiveStages::default(),
             },
             tool_results: EffectiveToolResults {
-                max_result_chars: 8000,
-                preview_chars: 4000,
+                max_result_chars: 2000,
+                preview_chars: 250,
                 preview_lines: 60,
                 elide_after_rounds: 4,
                 elide_over_chars: 2000,

@@ -160,11 +160,11 @@ pub struct BudgetSpec {
         .message("toolResults.elideKeepChars must be lower than toolResults.elideOverChars, or elision would not shorten anything"),
 )]
 pub struct ToolResultsSpec {
-    /// Results longer than this many characters are spilled to the artifact store. Default 8000.
+    /// Results longer than this many characters are spilled to the artifact store. Default 2000.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = 256, max = 10_000_000))]
     pub max_result_chars: Option<u32>,
-    /// At most this many characters of a spilled result stay in the window. Default 4000.
+    /// At most this many characters of a spilled result stay in the window. Default 250.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = 0, max = 10_000_000))]
     pub preview_chars: Option<u32>,

@@ -65,8 +65,8 @@ fn defaults_are_the_seed_values() {
         (policy.budget.warning_percent, policy.budget.high_risk_percent, policy.budget.critical_percent),
         (80, 90, 95)
     );
-    assert_eq!(policy.tool_results.max_result_chars, 8000);
-    assert_eq!(policy.tool_results.preview_chars, 4000);
+    assert_eq!(policy.tool_results.max_result_chars, 2000);
+    assert_eq!(policy.tool_results.preview_chars, 250);
     assert_eq!(policy.tool_results.preview_lines, 60);
     assert_eq!(policy.tool_results.elide_after_rounds, 4);
     assert_eq!(policy.tool_results.elide_over_chars, 2000);

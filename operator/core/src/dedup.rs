@@ -30,21 +30,43 @@ pub struct Duplicate {
 }
 
 /// First occurrences of tool outputs seen so far, by output digest.
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone)]
 pub struct DedupIndex {
     first_by_digest: HashMap<[u8; 32], EntryId>,
     original_of: HashMap<EntryId, EntryId>,
+    /// Off, the index finds no duplicates (`strata replay --sweep` prices deduplication off).
+    enabled: bool,
+}
+
+impl Default for DedupIndex {
+    fn default() -> Self {
+        Self::new()
+    }
 }
 
 impl DedupIndex {
     /// An empty index.
     pub fn new() -> Self {
-        Self::default()
+        Self::with_enabled(true)
+    }
+
+    /// An empty index that finds duplicates only when `enabled`.
+    pub fn with_enabled(enabled: bool) -> Self {
+        Self { first_by_digest: HashMap::new(), original_of: HashMap::new(), enabled }
+    }
+
+    /// Forgets every output observed, keeping whether the index is enabled.
+    pub fn clear(&mut self) {
+        self.first_by_digest.clear();
+        self.original_of.clear();
     }
 
     /// Records `entry` (appended after every entry observed before) and returns the earliest
     /// entry it duplicates, if any. Entries without tool results or with short outputs are ignored.
     pub fn observe(&mut self, entry: &Entry) -> Option<EntryId> {
+        if !self.enabled {
+            return None;
+        }
         let digest = output_digest(entry)?;
         match self.first_by_digest.get(&digest) {
             Some(&original) if original != entry.id => {

@@ -44,7 +44,10 @@ fn session(quote_at_the_end: bool) -> String {
 #[test]
 fn a_quoted_line_of_an_elided_output_costs_exactly_one_read_back() {
     let counter = TokenCounter::new(TokenizerKind::O200kBase).unwrap();
-    let options = ReplayOptions::default();
+    // The log (about 5,500 characters) must stay whole until it is old enough to elide: the default
+    // spill threshold would spill it at once (the sweep test below covers that case).
+    let mut options = ReplayOptions::default();
+    options.strata.spill.max_result_chars = 8000;
     let transcript = parse_transcript("quoted.json", &session(true), InputFormat::OpenAiMessages).unwrap();
     let report = replay_session(&transcript, &options, &counter).unwrap();
     let strata = report.policies.iter().find(|p| p.policy == PolicyKind::Strata).unwrap();
@@ -85,4 +88,63 @@ fn without_the_quote_nothing_is_charged() {
         );
         assert_eq!(policy.units_with_read_backs(), policy.totals().units);
     }
+}
+
+#[test]
+fn the_sweep_prices_every_point_with_its_read_backs_and_keeps_an_undominated_front() {
+    use strata_core::replay::param_sweep::{Corpus, SweepGrid, naive_units, pareto_front, run_sweep};
+
+    let counter = TokenCounter::new(TokenizerKind::O200kBase).unwrap();
+    let options = ReplayOptions::default();
+    let transcript = parse_transcript("quoted.json", &session(true), InputFormat::OpenAiMessages).unwrap();
+    let corpora = vec![Corpus { name: "hand-written".into(), transcripts: vec![transcript] }];
+    // Spill the log at once (2000) or not (8000); elide it when old (2000) or never (100000).
+    let grid = SweepGrid {
+        max_result_chars: vec![2000, 8000],
+        preview_chars: vec![1500],
+        elide_after_rounds: vec![4],
+        elide_over_chars: vec![2000, 100_000],
+        elide_keep_chars: vec![800],
+        deduplicate: vec![true, false],
+        tool_treatments: Vec::new(),
+    };
+    let points = grid.points();
+    assert_eq!(points.len(), 8);
+    let naive = naive_units(&corpora, &options, &counter).unwrap();
+    assert!(naive[0] > 0.0);
+    let results = run_sweep(&points, &corpora, &naive, &options, &[], 2, &|_, _| {}).unwrap();
+    assert_eq!(results.len(), points.len());
+    for result in &results {
+        let score = &result.total;
+        let removes = result.point.max_result_chars == 2000 || result.point.elide_over_chars == 2000;
+        // The quoted line is past the spill preview and past the elided head: whichever removed
+        // the log is charged one read-back, and a point that keeps it whole is charged none.
+        assert_eq!(score.read_backs, u64::from(removes), "{}: {score:?}", result.point.label());
+        assert_eq!(score.uses, score.read_backs);
+        assert_eq!(score.unrecoverable, 0);
+        assert_eq!(score.read_back_units > 0.0, removes, "{}", result.point.label());
+        let expected = (score.units + score.read_back_units) / naive[0];
+        assert!((score.ratio_with_read_backs() - expected).abs() < 1e-12);
+    }
+    let front = pareto_front(&results);
+    assert!(!front.is_empty());
+    let key = |i: usize| (results[i].total.ratio_with_read_backs(), results[i].total.read_backs);
+    let dominates = |a: (f64, u64), b: (f64, u64)| a.0 <= b.0 && a.1 <= b.1 && (a.0 < b.0 || a.1 < b.1);
+    for &on in &front {
+        assert!(
+            (0..results.len()).all(|other| !dominates(key(other), key(on))),
+            "front point {} is dominated",
+            results[on].point.label()
+        );
+    }
+    for off in (0..results.len()).filter(|i| !front.contains(i)) {
+        assert!(
+            front.iter().any(|&on| dominates(key(on), key(off)) || key(on) == key(off)),
+            "{} is neither on the front nor dominated by it",
+            results[off].point.label()
+        );
+    }
+    // The cheapest point with no read-back is on the front: keeping the log whole is the only way
+    // to zero read-backs here.
+    assert!(front.iter().any(|&i| results[i].total.read_backs == 0));
 }

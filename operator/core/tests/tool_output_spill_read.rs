@@ -27,16 +27,17 @@ fn small_output_is_kept_verbatim() {
     let out = spill("ok\n", &SpillPolicy::default(), &store, "t1").unwrap();
     assert!(!out.spilled());
     assert_eq!(out.window_text, "ok\n");
-    let exactly_max = "é".repeat(8000);
+    let exactly_max = "é".repeat(SpillPolicy::default().max_result_chars);
     assert!(!spill(&exactly_max, &SpillPolicy::default(), &store, "t1").unwrap().spilled());
 }
 
 #[test]
 fn threshold_counts_chars_not_bytes() {
     let store = store();
-    let out = spill(&"é".repeat(8001), &SpillPolicy::default(), &store, "t1").unwrap();
+    let over = SpillPolicy::default().max_result_chars + 1;
+    let out = spill(&"é".repeat(over), &SpillPolicy::default(), &store, "t1").unwrap();
     assert!(out.spilled());
-    assert_eq!(out.original_chars, 8001);
+    assert_eq!(out.original_chars, over);
 }
 
 #[test]
@@ -48,8 +49,8 @@ fn large_output_spills_with_preview_and_marker() {
     assert_eq!(store.get("t1", &data_ref).unwrap(), output.as_bytes());
     let (preview, marker) = out.window_text.rsplit_once('\n').unwrap();
     assert!(output.starts_with(preview));
-    assert!(preview.lines().count() <= 60);
-    assert!(preview.chars().count() <= 4000);
+    assert!(preview.lines().count() <= SpillPolicy::default().preview_lines);
+    assert!(preview.chars().count() <= SpillPolicy::default().preview_chars);
     let expected_chars = output.chars().count().to_string();
     assert!(marker.starts_with(SPILL_MARKER_PREFIX), "{marker}");
     assert!(marker.contains("1,204 lines"), "{marker}");

@@ -65,6 +65,7 @@ pub fn session_settings(
         budget,
         spill: spill_policy(&policy.tool_results),
         elision: elision_policy(&policy.tool_results),
+        deduplicate: true,
         expiry: ExpiryPolicy::default(),
         redactor,
         classifier,

@@ -114,3 +114,84 @@ fn the_seed_003_session_replays_as_pi_session_jsonl() {
     assert!(stdout.starts_with("1 sessions, 1 model calls"), "{stdout}");
     assert!(stdout.contains("calibration:"), "the session records its usage: {stdout}");
 }
+
+/// A hand-written session: a long test log whose last line the agent quotes six rounds later.
+fn quoting_session() -> String {
+    let quoted = "FAILED tests/test_ledger.py::test_rounding_half_even - AssertionError: 0.125 != 0.13";
+    let mut log: String =
+        (0..100).map(|line| format!("tests/test_ledger.py::test_case_{line:03} PASSED\n")).collect();
+    log.push_str(quoted);
+    let mut messages = vec![
+        serde_json::json!({"role": "system", "content": "You are a careful coding agent."}),
+        serde_json::json!({"role": "user", "content": "Run the ledger tests and fix what fails."}),
+    ];
+    for round in 0..7 {
+        let id = format!("call_{round}");
+        messages.push(serde_json::json!({"role": "assistant", "content": "", "tool_calls": [
+            {"id": id, "type": "function", "function": {"name": "bash", "arguments": format!("{{\"cmd\": \"step {round}\"}}")}}]}));
+        let output = if round == 0 { log.clone() } else { format!("ok {round}") };
+        messages.push(serde_json::json!({"role": "tool", "tool_call_id": id, "content": output}));
+    }
+    messages
+        .push(serde_json::json!({"role": "assistant", "content": format!("The failing test:\n{quoted}")}));
+    serde_json::json!({"messages": messages}).to_string()
+}
+
+#[test]
+fn sweep_prints_an_undominated_front_priced_with_read_backs() {
+    let dir = tempfile::tempdir().unwrap();
+    let corpus = dir.path().join("corpus");
+    std::fs::create_dir(&corpus).unwrap();
+    std::fs::write(corpus.join("quoting.json"), quoting_session()).unwrap();
+    // Spill the log (1000) or keep it (8000); never elide it, with and without dedup.
+    let grid = dir.path().join("grid.yaml");
+    std::fs::write(
+        &grid,
+        "maxResultChars: [1000, 8000]\npreviewChars: [500]\nelideAfterRounds: [4]\n\
+         elideOverChars: [1000000]\nelideKeepChars: [800]\ndeduplicate: [true, false]\n",
+    )
+    .unwrap();
+    let report = dir.path().join("sweep.json");
+    let output = strata()
+        .args(["replay", "--sweep", "--jobs", "1", "--format", "openai-messages"])
+        .arg(&corpus)
+        .arg("--grid")
+        .arg(&grid)
+        .arg("--report")
+        .arg(&report)
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(output.status.success(), "{stdout}\n{}", String::from_utf8_lossy(&output.stderr));
+    assert!(stdout.starts_with("4 points swept, priced as anthropic, read-backs charged"), "{stdout}");
+    assert!(stdout.contains("Pareto front"), "{stdout}");
+    let json: serde_json::Value = serde_json::from_slice(&std::fs::read(&report).unwrap()).unwrap();
+    let points = json["points"].as_array().unwrap();
+    assert_eq!(points.len(), 4);
+    let score = |point: &serde_json::Value| {
+        let total = &point["total"];
+        let naive = total["naiveUnits"].as_f64().unwrap();
+        let cost = (total["units"].as_f64().unwrap() + total["readBackUnits"].as_f64().unwrap()) / naive;
+        (cost, total["readBacks"].as_u64().unwrap())
+    };
+    for point in points {
+        let spilled = point["point"]["maxResultChars"] == 1000;
+        let (_, read_backs) = score(point);
+        // The quoted line is past the 500-char preview: a spilled log costs one read-back.
+        assert_eq!(read_backs, u64::from(spilled), "{point}");
+        assert_eq!(point["total"]["readBackUnits"].as_f64().unwrap() > 0.0, spilled, "{point}");
+        assert_eq!(point["total"]["unrecoverable"], 0);
+    }
+    let front: Vec<usize> =
+        json["front"].as_array().unwrap().iter().map(|i| i.as_u64().unwrap() as usize).collect();
+    assert!(!front.is_empty());
+    for &on in &front {
+        let (cost, reads) = score(&points[on]);
+        for other in points {
+            let (other_cost, other_reads) = score(other);
+            let dominated =
+                other_cost <= cost && other_reads <= reads && (other_cost < cost || other_reads < reads);
+            assert!(!dominated, "front point {on} is dominated by {other}");
+        }
+    }
+}

@@ -4,6 +4,7 @@
 //! Pure: the caller reads files and renders reports. `strata replay` is the command around it.
 
 pub mod formats;
+pub mod param_sweep;
 pub mod policies;
 pub mod pricing;
 pub mod readback;

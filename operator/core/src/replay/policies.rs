@@ -87,7 +87,8 @@ impl Default for PolicySettings {
             observation_keep: 10,
             clear_trigger_tokens: 100_000,
             clear_keep: 3,
-            spill: SpillPolicy::default(),
+            // Seed 002's own numbers, not the engine's defaults (which the sweep moved).
+            spill: SpillPolicy { max_result_chars: 8000, preview_chars: 4000, preview_lines: 60 },
             elide_after_rounds: 4,
             elide_over_chars: 2000,
             elide_keep_chars: 800,

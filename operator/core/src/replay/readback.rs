@@ -12,7 +12,8 @@
 //! A later model output (its text and its tool-call arguments) *uses* a removal when it contains one
 //! of the removal's anchors that the prompt of that call does not contain: the model could only have
 //! written it by having the removed content. Each removal is charged at most once: after its
-//! read-back the content is back in context. A removal without a way back (no `data_ref`, as with
+//! read-back the content is back in context, where it stays for the rest of the session, so replay
+//! also charges the read-back's answer and slice as cached input on every later call. A removal without a way back (no `data_ref`, as with
 //! observation masking) is counted as an unrecoverable use instead.
 //!
 //! Known blind spots: paraphrased use (the model restates removed content in its own words) and use

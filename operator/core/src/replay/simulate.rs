@@ -30,6 +30,9 @@ use super::pricing::{Block, CallCost, Provider, ProviderCache, block_hash};
 use super::readback::{READ_BACK_OUTPUT_TOKENS, ReadBackSummary, ReadBackTracker, ReadBackUse, Removal};
 use super::transcript::{Transcript, TranscriptMessage};
 
+/// What a cached prompt token costs on every later call, for both providers (fresh = 1).
+const CARRIED_READ_PRICE: f64 = 0.1;
+
 /// Uses of removed content kept per policy report as examples.
 const MAX_READ_BACK_EXAMPLES: usize = 3;
 
@@ -197,23 +200,27 @@ impl PolicyReport {
 
     /// Charges the uses detected at one call: each recoverable use one read-back round trip (the
     /// call's prompt again, priced against the cache it just warmed, a short answer, and the slice
-    /// read back as fresh input), each unrecoverable one nothing but the count.
+    /// read back as fresh input) plus what the read-back leaves in context (the answer and the
+    /// slice, read from the cache at 0.1x on each of the `later_calls` calls of the session), each
+    /// unrecoverable one nothing but the count.
     fn charge_read_backs(
         &mut self,
         uses: Vec<ReadBackUse>,
         cache: &mut ProviderCache,
         blocks: &[Block],
-        now_ms: u64,
+        (now_ms, later_calls): (u64, usize),
         provider: Provider,
     ) {
         for found in uses {
             self.read_backs.uses_detected += 1;
             if found.recoverable {
                 let repeat = cache.price(blocks, now_ms);
+                let carried = (READ_BACK_OUTPUT_TOKENS + found.slice_tokens) as f64;
                 self.read_backs.read_backs += 1;
                 self.read_backs.cost_units += repeat.units
                     + READ_BACK_OUTPUT_TOKENS as f64 * provider.output_price_ratio()
-                    + found.slice_tokens as f64;
+                    + found.slice_tokens as f64
+                    + CARRIED_READ_PRICE * carried * later_calls as f64;
             } else {
                 self.read_backs.unrecoverable += 1;
             }
@@ -443,7 +450,8 @@ fn replay_anchor(
                     })
                     .contains(anchor)
             });
-            report.charge_read_backs(uses, &mut cache, &blocks, times[call], options.provider);
+            let later_calls = transcript.calls.len() - call - 1;
+            report.charge_read_backs(uses, &mut cache, &blocks, (times[call], later_calls), options.provider);
         }
         if kind == PolicyKind::Naive
             && let Some(usage) = usage
@@ -591,7 +599,8 @@ pub(crate) fn replay_strata_with(
                     .get_or_insert_with(|| engine.context_text(&settings).unwrap_or_default())
                     .contains(anchor)
             });
-            report.charge_read_backs(uses, &mut cache, &blocks, now, options.provider);
+            let later_calls = transcript.calls.len() - call - 1;
+            report.charge_read_backs(uses, &mut cache, &blocks, (now, later_calls), options.provider);
         }
         let effects = engine
             .record_answer(&settings, first_call, &answer, now)

@@ -325,7 +325,7 @@ pub struct AnswerEffects {
     pub elided_entries: u64,
     /// Entries expired.
     pub expired_entries: u64,
-    /// What elision moved off-window: each artifact with the text it must read back as.
+    /// What elision and expiry moved off-window: each artifact with the text it must read back as.
     pub offloaded: Vec<(ArtifactRef, String)>,
     /// Tool schemas the model loaded with `strata_load_tools`.
     pub tools_loaded: u64,
@@ -551,7 +551,7 @@ impl SessionEngine {
             prefix_inputs: None,
             tier1: Tier1Json::default(),
             transparent,
-            dedup: DedupIndex::new(),
+            dedup: DedupIndex::with_enabled(settings.deduplicate),
             ledger: CallLedger::default(),
             fragments: FragmentCache::default(),
             assembly: Assembly::default(),
@@ -630,7 +630,7 @@ impl SessionEngine {
         self.compiler.set_volatile_context(&volatile, &self.counter);
         self.compiler.sync(self.journal.generation(), self.journal.entries(), &self.counter);
         self.ledger.rebuild(self.journal.entries());
-        self.dedup = DedupIndex::new();
+        self.dedup.clear();
         let mut batch = BTreeMap::new();
         for entry in self.journal.entries() {
             if let Some(original) = self.dedup.observe(entry) {
@@ -691,7 +691,7 @@ impl SessionEngine {
                 let live: HashSet<EntryId> = entries.iter().map(|entry| entry.id).collect();
                 self.elided.retain(|id| live.contains(id));
                 self.ledger.rebuild(entries);
-                self.dedup = DedupIndex::new();
+                self.dedup.clear();
                 for entry in entries {
                     self.dedup.observe(entry);
                 }
@@ -791,7 +791,11 @@ impl SessionEngine {
     /// Removes Ephemeral entries whose retention TTL has passed, in cache-aware batches (an entry
     /// overdue by twice its TTL forces a batch). Returns the entries and the tokens removed per
     /// later call.
-    fn expire_ephemeral(&mut self, settings: &SessionSettings, now_ms: u64) -> Result<Treated, EngineError> {
+    fn expire_ephemeral(
+        &mut self,
+        settings: &SessionSettings,
+        now_ms: u64,
+    ) -> Result<(Treated, Offloaded), EngineError> {
         let entries = self.journal.entries();
         let ttl_of = |entry: &Entry| {
             if entry.retention != RetentionClass::Ephemeral {
@@ -811,12 +815,19 @@ impl SessionEngine {
             expected_remaining_calls(self.calls),
             settings.pricing(),
         ) else {
-            return Ok(Treated::default());
+            return Ok((Treated::default(), Vec::new()));
         };
         let wanted: HashSet<EntryId> = planned.ids.iter().copied().collect();
         let mut batch = BTreeMap::new();
+        let mut offloaded = Vec::new();
         for entry in entries.iter().filter(|entry| wanted.contains(&entry.id)) {
             batch.insert(entry.id, Self::expiry_treatment(&self.store, &settings.tenant, entry)?);
+            // The stub names the artifacts holding each output (stored just above; `put` is
+            // idempotent and content-addressed).
+            for result in &entry.content.tool_results {
+                let data_ref = self.store.put(&settings.tenant, result.output.as_bytes())?;
+                offloaded.push((data_ref, result.output.clone()));
+            }
         }
         self.expired.extend(batch.keys().copied());
         self.compiler.apply_treatments(batch, entries, &self.counter)?;
@@ -825,7 +836,7 @@ impl SessionEngine {
             self.pending_churn = ChurnCause::HistoryRewrite;
         }
         self.state.write(EXPIRED_FILE, &Some(&self.expired))?;
-        Ok(Treated { entries: planned.ids.len() as u64, tokens: planned.saved_tokens })
+        Ok((Treated { entries: planned.ids.len() as u64, tokens: planned.saved_tokens }, offloaded))
     }
 
     /// Elides old large tool results when the batch pays for the cache rewrite (seed 002 #5).
@@ -1785,8 +1796,9 @@ impl SessionEngine {
         if let Some(usage) = output.usage {
             self.observe_usage(call.status.tokens, usage.prompt_tokens)?;
         }
-        let expired = self.expire_ephemeral(settings, now_ms)?;
-        let (mut elided, mut offloaded) = self.elide_old_results(settings)?;
+        let (expired, mut offloaded) = self.expire_ephemeral(settings, now_ms)?;
+        let (mut elided, elided_offloaded) = self.elide_old_results(settings)?;
+        offloaded.extend(elided_offloaded);
         let (budget_elided, budget_offloaded) = self.enforce_tool_results_budget(settings)?;
         elided.entries += budget_elided.entries;
         elided.tokens += budget_elided.tokens;

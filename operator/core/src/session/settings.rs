@@ -33,6 +33,9 @@ pub struct SessionSettings {
     pub spill: SpillPolicy,
     /// Elision of old tool results.
     pub elision: ElisionPolicy,
+    /// Whether a repeated tool output becomes a reference to the first (on in every policy;
+    /// `strata replay --sweep` prices it off).
+    pub deduplicate: bool,
     /// Batching of retention expiry.
     pub expiry: ExpiryPolicy,
     /// Redaction before persistence; `None` when disabled.
@@ -83,6 +86,7 @@ impl SessionSettings {
             budget: BudgetPolicy::default(),
             spill: SpillPolicy::default(),
             elision: ElisionPolicy::default(),
+            deduplicate: true,
             expiry: ExpiryPolicy::default(),
             redactor: Redactor::new(true, &[]).ok().flatten(),
             classifier: Classifier::default(),

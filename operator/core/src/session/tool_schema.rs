@@ -20,17 +20,21 @@ pub fn is_memory_tool(name: &str) -> bool {
         || name == super::capabilities::LOAD_TOOLS_NAME
 }
 
+// The schemas go upstream on every call (cached with Tier 1, still read at 0.1x each time), so
+// they say what the model needs and no more. Argument ranges are checked by the gateway, which
+// answers a bad call with a message naming the field.
+
 fn purge_schema() -> (String, Value) {
     (
-        "Permanently remove entries from your context by their IDs (e.g. msg_104, tool_res_106) and \
-         replace them with a dense summary. Purging rewrites the cached prompt once, so use it when a \
-         sub-task is done or large irrelevant output is present, and the savings outweigh the rebuild."
+        "Remove entries from your context by ID (e.g. msg_104, tool_res_106), replaced by your dense \
+         summary. It rewrites the cached prompt once: use it when a sub-task is done or large \
+         irrelevant output is present."
             .to_owned(),
         json!({
             "type": "object",
             "properties": {
-                "ids": {"type": "array", "items": {"type": "string"}, "description": "Entry IDs to remove."},
-                "summary": {"type": "string", "description": "Dense summary of what the removed entries held."}
+                "ids": {"type": "array", "items": {"type": "string"}},
+                "summary": {"type": "string", "description": "What the removed entries held."}
             },
             "required": ["ids", "summary"]
         }),
@@ -39,14 +43,14 @@ fn purge_schema() -> (String, Value) {
 
 fn compact_schema() -> (String, Value) {
     (
-        "Reset your context when it is near its limit or badly bloated: the history is replaced by a dense \
-         state (objective, constraints, decisions, open questions, tool state) followed by your resume \
-         instruction. Critical and the most recent entries are kept verbatim."
+        "Replace your history with a dense state (objective, constraints, decisions, open questions, \
+         tool state) and your resume instruction, when the context is near its limit or bloated. \
+         Critical and the most recent entries stay verbatim."
             .to_owned(),
         json!({
             "type": "object",
             "properties": {
-                "resume_instruction": {"type": "string", "description": "What to do next, e.g. \"Fix the Redis timeout in auth.py; start with the retry logic.\""}
+                "resume_instruction": {"type": "string", "description": "What to do next."}
             },
             "required": ["resume_instruction"]
         }),
@@ -55,21 +59,21 @@ fn compact_schema() -> (String, Value) {
 
 fn read_output_schema() -> (String, Value) {
     (
-        "Read a tool output that was spilled or elided from your context, by its data_ref \
-         (art:sha256:…). Modes: head (lines, chars), slice (offset, length in characters) or search \
-         (pattern: a regular expression matched per line, max_matches)."
+        "Read a spilled or elided tool output by its data_ref (art:sha256:…). Modes: head (lines, \
+         chars), slice (offset, length in characters), search (pattern: a per-line regular \
+         expression, max_matches)."
             .to_owned(),
         json!({
             "type": "object",
             "properties": {
-                "data_ref": {"type": "string", "description": "The data_ref shown in the context."},
+                "data_ref": {"type": "string"},
                 "mode": {"type": "string", "enum": ["head", "slice", "search"]},
-                "lines": {"type": "integer", "minimum": 0},
-                "chars": {"type": "integer", "minimum": 0},
-                "offset": {"type": "integer", "minimum": 0},
-                "length": {"type": "integer", "minimum": 0},
+                "lines": {"type": "integer"},
+                "chars": {"type": "integer"},
+                "offset": {"type": "integer"},
+                "length": {"type": "integer"},
                 "pattern": {"type": "string"},
-                "max_matches": {"type": "integer", "minimum": 0}
+                "max_matches": {"type": "integer"}
             },
             "required": ["data_ref", "mode"]
         }),

@@ -36,7 +36,7 @@ pub struct SpillPolicy {
 
 impl Default for SpillPolicy {
     fn default() -> Self {
-        Self { max_result_chars: 8000, preview_chars: 4000, preview_lines: 60 }
+        Self { max_result_chars: 2000, preview_chars: 250, preview_lines: 60 }
     }
 }
 

@@ -3,6 +3,7 @@
 
 mod html;
 mod inputs;
+mod param_sweep;
 mod plot;
 mod policy_file;
 mod table;
@@ -67,6 +68,20 @@ pub struct ReplayArgs {
     /// The volume size the peaks must stay under (bytes), with `--volume`: a 1Gi PVC by default.
     #[arg(long, default_value_t = 1 << 30, requires = "volume")]
     pub volume_budget: u64,
+    /// Instead of comparing policies, sweep the strata policy's knobs (spill threshold and
+    /// preview, elision age, size and kept characters, dedup, per-tool retention) over a grid,
+    /// price every point with read-backs, and print the Pareto front of cost against read-backs.
+    /// Each path is one corpus.
+    #[arg(long, conflicts_with_all = ["synthetic_fleet", "volume", "plot", "html"])]
+    pub sweep: bool,
+    /// The grid to sweep (YAML or JSON: maxResultChars, previewChars, elideAfterRounds,
+    /// elideOverChars, elideKeepChars, deduplicate, toolTreatments); a built-in coarse grid
+    /// otherwise.
+    #[arg(long, value_name = "FILE", requires = "sweep")]
+    pub grid: Option<PathBuf>,
+    /// Threads scoring sweep points (all cores by default).
+    #[arg(long, requires = "sweep")]
+    pub jobs: Option<usize>,
     /// Attach a synthetic tool set of about this many tokens to every call of the strata policy
     /// (recorded sessions rarely keep their tool schemas): the tools the corpus's coding sessions
     /// call plus MCP-style connector tools, written for Strata. The other policies are priced
@@ -158,6 +173,18 @@ pub fn run(args: &ReplayArgs) -> anyhow::Result<bool> {
         .unwrap_or_default();
     let options = ReplayOptions { provider, strata, tools, ..ReplayOptions::default() };
     let format = InputFormat::from_name(&args.format).unwrap_or(InputFormat::Auto);
+    if args.sweep {
+        let jobs = args.jobs.unwrap_or_else(|| std::thread::available_parallelism().map_or(1, usize::from));
+        let sweep = param_sweep::SweepInputs {
+            paths: &args.paths,
+            format,
+            grid: args.grid.as_deref(),
+            jobs,
+            policy_rules: policy_file::retention_rules(args.policy.as_deref(), args.context_window)?,
+            report: args.report.as_deref(),
+        };
+        return param_sweep::run(&sweep, &options, &counter);
+    }
 
     let mut errors = Vec::new();
     let transcripts = if args.synthetic_fleet {

@@ -9,6 +9,7 @@ use strata_api::ContextPolicy;
 use strata_api::agent::{Provider as UpstreamProvider, Tokenizer};
 use strata_api::effective::{EffectivePolicy, PolicyInputs, resolve};
 use strata_core::replay::Provider;
+use strata_core::retention::RetentionRule;
 use strata_core::session::SessionSettings;
 
 use crate::engine_policy;
@@ -24,10 +25,7 @@ pub fn session_settings(
     context_window: u64,
 ) -> anyhow::Result<SessionSettings> {
     let window = u32::try_from(context_window).unwrap_or(u32::MAX);
-    let effective = match path {
-        Some(path) => read_policy(path, window)?,
-        None => EffectivePolicy::default(),
-    };
+    let effective = effective_policy(path, window)?;
     let upstream = match provider {
         Provider::Anthropic => UpstreamProvider::Anthropic,
         Provider::OpenAi => UpstreamProvider::OpenAI,
@@ -43,6 +41,19 @@ pub fn session_settings(
     .context("translating the policy into engine settings")?;
     // Replay calls no model: every compaction is priced as the extractive one, in-process.
     Ok(SessionSettings { model_summarizer: false, ..settings })
+}
+
+/// The retention rules of the policy at `path` (the built-in defaults' without one), in match order.
+pub fn retention_rules(path: Option<&Path>, context_window: u64) -> anyhow::Result<Vec<RetentionRule>> {
+    let window = u32::try_from(context_window).unwrap_or(u32::MAX);
+    Ok(effective_policy(path, window)?.retention.rules)
+}
+
+fn effective_policy(path: Option<&Path>, window: u32) -> anyhow::Result<EffectivePolicy> {
+    match path {
+        Some(path) => read_policy(path, window),
+        None => Ok(EffectivePolicy::default()),
+    }
 }
 
 fn read_policy(path: &Path, window: u32) -> anyhow::Result<EffectivePolicy> {
