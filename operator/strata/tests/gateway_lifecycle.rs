@@ -284,7 +284,10 @@ async fn old_large_tool_results_are_elided_and_stay_elided_after_a_restart() {
         String::new(),
         vec![gateway_support::call("call_big", "read_file", json!({}))],
     )]);
-    let mut gateway = Harness::start(&fake, Provider::OpenAI, |_| {}).await;
+    // The 5.4k-character output must stay under the spill threshold to reach elision.
+    let mut gateway =
+        Harness::start(&fake, Provider::OpenAI, |config| config.policy.tool_results.max_result_chars = 8_000)
+            .await;
     let session = [("x-strata-session", "main")];
     gateway.post_json(CHAT, &user("Read the file."), &session).await;
     let output: String =

@@ -137,7 +137,7 @@ pub fn upstream_head(settings: &Settings, request: &ChatRequest) -> Map<String, 
     adapter(request.api).add_upstream_fields(
         &mut head,
         provider,
-        &settings.cache_key.as_hex(),
+        settings.cache_key.as_hex(),
         request.stream,
     );
     head
