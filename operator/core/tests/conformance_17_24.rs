@@ -117,6 +117,8 @@ fn criterion_06_output_reserve_not_consumed() {
         settings.delegation.return_tokens = 600;
         // Elision off, so retrieval fills the window instead of ageing out of it.
         settings.elision.elide_over_chars = usize::MAX;
+        // Retrieval results (7.4k characters) stay under the spill threshold, so they fill the window.
+        settings.spill.max_result_chars = 8_000;
         let mut engine = SessionEngine::in_memory(&settings, 0).unwrap();
         let (mut blocked, mut compactions, mut clamped, mut admitted_calls) = (0, 0, 0, 0);
         for step in 0..40u64 {

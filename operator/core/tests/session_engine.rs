@@ -412,6 +412,8 @@ fn tool_results_over_their_stage_ceiling_are_elided_oldest_first() {
     settings.stages.tool_results_tokens = 3_000;
     // Economics-driven elision off: only the stage ceiling elides.
     settings.elision.elide_after_rounds = 10_000;
+    // The results stay under the spill threshold, so they enter the window whole.
+    settings.spill.max_result_chars = 8_000;
     let mut engine = SessionEngine::in_memory(&settings, 0).unwrap();
     let mut last = None;
     for step in 0..6u64 {
