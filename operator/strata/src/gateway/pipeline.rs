@@ -330,7 +330,16 @@ async fn load_summarised(
     if let Some(usage) = &output.usage {
         total.add(usage);
     }
-    prepared.record.rounds.push(RoundRecord {
+    prepared
+        .record
+        .rounds
+        .push(RoundRecord { schema_retry: loaded, ..round_record(call, output, upstream_time) });
+    Ok(None)
+}
+
+/// The Inspector's record of one round: the call as compiled and the answer's usage.
+fn round_record(call: UpstreamCall, output: &AssistantOutput, upstream_time: Duration) -> RoundRecord {
+    RoundRecord {
         sections: call.sections,
         breakpoints: call.breakpoints,
         churn: call.churn,
@@ -343,9 +352,8 @@ async fn load_summarised(
         stages: call.stages,
         tools: call.tools,
         max_tokens_clamp: call.max_tokens_clamp,
-        schema_retry: loaded,
-    });
-    Ok(None)
+        schema_retry: Vec::new(),
+    }
 }
 
 /// Journals one round's answer through the engine (which learns from its usage and runs its
@@ -404,19 +412,9 @@ async fn record_round(
     events.extend(effects.events());
     metrics.tool_schemas_loaded.with_label_values(&["load_tool"]).inc_by(effects.tools_loaded);
     prepared.record.rounds.push(RoundRecord {
-        sections: call.sections,
-        breakpoints: call.breakpoints,
-        churn: call.churn,
-        status: call.status,
-        usage: output.usage,
-        cache_outcome: cache_outcome(output.usage.as_ref()),
         memory_calls: effects.memory_calls,
         events,
-        upstream_micros: elapsed_micros(upstream_time),
-        stages: call.stages,
-        tools: call.tools,
-        max_tokens_clamp: call.max_tokens_clamp,
-        schema_retry: Vec::new(),
+        ..round_record(call, output, upstream_time)
     });
     prepared.overhead += started.elapsed();
     Ok(effects.internal)
