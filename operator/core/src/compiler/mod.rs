@@ -310,7 +310,10 @@ impl ContextCompiler {
         counter: &TokenCounter,
     ) -> Result<(), CompileError> {
         // Batches are rare (they rewrite the cached prompt), so the index is built per batch instead
-        // of being maintained on every append.
+        // of being maintained on every append; an empty batch (the common case) costs nothing.
+        if batch.is_empty() {
+            return Ok(());
+        }
         let position: HashMap<EntryId, usize> =
             self.rendered.iter().enumerate().map(|(index, rendered)| (rendered.id, index)).collect();
         for (id, treatment) in batch {

@@ -6,7 +6,9 @@
 //! fsync covering every append made before it started, so concurrent turns share an fsync and no
 //! request holds the engine while the disk flushes. When no flush is in progress, the blocking task
 //! that did the work fsyncs right after releasing the engine (one hand-off per engine call); while
-//! one is, later requests wait for the next shared flush.
+//! one is, later requests wait for the next shared flush. A request's turn is journaled without
+//! waiting ([`EngineHost::run_unsynced`]) and made durable before the client is answered: by the
+//! answer's own fsync, which covers it, or, for a stream, while the upstream call is under way.
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -37,6 +39,15 @@ struct Slot {
     engine: Option<SessionEngine>,
     /// Why the engine was dropped; cleared by a successful reload.
     fault: Option<Unloaded>,
+}
+
+/// Writes an engine call made that may not be durable yet: [`EngineHost::make_durable`] waits for
+/// them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[must_use = "writes must be made durable before the client is answered"]
+pub struct PendingWrites {
+    epoch: u64,
+    seq: u64,
 }
 
 /// Owns the session engine of one data directory.
@@ -205,6 +216,37 @@ impl EngineHost {
         settings: Arc<Settings>,
         work: impl FnOnce(&mut SessionEngine) -> Result<T, EngineError> + Send + 'static,
     ) -> Result<T, GatewayError> {
+        let (value, pending) = self.hand_off(settings, work, true).await?;
+        self.make_durable(pending).await?;
+        Ok(value)
+    }
+
+    /// Runs `work` on the engine on the blocking pool without waiting for its writes to be durable:
+    /// the caller makes them durable with [`Self::make_durable`] (or a later [`Self::run`], whose
+    /// fsync covers every earlier write) before it acknowledges anything to its client. A request
+    /// uses this to journal its turn and go upstream at once, so the turn's fsync overlaps the
+    /// upstream call or is shared with the answer's.
+    pub async fn run_unsynced<T: Send + 'static>(
+        self: &Arc<Self>,
+        settings: Arc<Settings>,
+        work: impl FnOnce(&mut SessionEngine) -> Result<T, EngineError> + Send + 'static,
+    ) -> Result<(T, PendingWrites), GatewayError> {
+        self.hand_off(settings, work, false).await
+    }
+
+    /// Returns once the writes of `pending` are durable (at once when a later fsync covered them).
+    pub async fn make_durable(self: &Arc<Self>, pending: PendingWrites) -> Result<(), GatewayError> {
+        self.wait_durable(pending.epoch, pending.seq).await
+    }
+
+    /// One hand-off of `work` to the blocking pool; with `sync_now`, the same blocking task fsyncs
+    /// afterwards when no flush is in progress.
+    async fn hand_off<T: Send + 'static>(
+        self: &Arc<Self>,
+        settings: Arc<Settings>,
+        work: impl FnOnce(&mut SessionEngine) -> Result<T, EngineError> + Send + 'static,
+        sync_now: bool,
+    ) -> Result<(T, PendingWrites), GatewayError> {
         let host = Arc::clone(self);
         let outcome = tokio::task::spawn_blocking(move || {
             let mut slot = host.lock();
@@ -229,7 +271,8 @@ impl EngineHost {
             // The common case: no flush in progress, so this thread fsyncs at once (after letting go
             // of the engine) instead of handing the flush to another blocking task. Writes of other
             // requests made before the target was taken are covered too.
-            if host.synced.load(Ordering::Acquire) < seq
+            if sync_now
+                && host.synced.load(Ordering::Acquire) < seq
                 && let Ok(_flushing) = host.flushing.try_lock()
             {
                 let target = engine.durable_target();
@@ -257,8 +300,7 @@ impl EngineHost {
                 });
             }
         };
-        self.wait_durable(epoch, seq).await?;
-        Ok(value)
+        Ok((value, PendingWrites { epoch, seq }))
     }
 
     /// Returns once every write counted up to `seq` (of engine `epoch`) is durable, fsyncing on the

@@ -32,7 +32,7 @@ use strata_core::session::{
 use tokio::sync::mpsc;
 
 use super::config::{LiveSettings, Settings};
-use super::engine_host::EngineHost;
+use super::engine_host::{EngineHost, PendingWrites};
 use super::errors::GatewayError;
 use super::inspect::{InspectLog, RequestRecord, RoundRecord, cache_outcome};
 use super::metrics::Metrics;
@@ -87,6 +87,15 @@ impl Gateway {
     ) -> Result<T, GatewayError> {
         self.engine.run(self.live.get(), work).await
     }
+
+    /// Runs `work` on the engine without waiting for its writes to be durable; see
+    /// [`EngineHost::run_unsynced`].
+    async fn with_engine_unsynced<T: Send + 'static>(
+        &self,
+        work: impl FnOnce(&mut SessionEngine) -> Result<T, EngineError> + Send + 'static,
+    ) -> Result<(T, PendingWrites), GatewayError> {
+        self.engine.run_unsynced(self.live.get(), work).await
+    }
 }
 
 /// A request after its turns were journaled.
@@ -103,6 +112,8 @@ struct Prepared {
     admission_events: Vec<ContextEvent>,
     /// The client's max_tokens lowered to the output reserve, if it was.
     max_tokens_clamp: Option<MaxTokensClamp>,
+    /// The journaled turn, made durable before the client is answered.
+    turn_writes: PendingWrites,
 }
 
 fn check_api(settings: &Settings, adapter: &dyn ProviderAdapter) -> Result<(), GatewayError> {
@@ -177,8 +188,8 @@ async fn prepare(
     let work_settings = Arc::clone(&settings);
     let operation = operation_id.clone();
     let work_head = head.clone();
-    let (request, outcome, ask) = gateway
-        .with_engine(move |engine| {
+    let ((request, outcome, ask), turn_writes) = gateway
+        .with_engine_unsynced(move |engine| {
             let turn = TurnRequest {
                 request: &request,
                 transparent,
@@ -196,6 +207,7 @@ async fn prepare(
     let admitted = match outcome {
         TurnOutcome::Admitted(admitted) => admitted,
         TurnOutcome::Blocked(notice) => {
+            gateway.engine.make_durable(turn_writes).await?;
             gateway.metrics.blocked_operations.inc();
             if let Some(forgotten) =
                 gateway.pending.insert(operation_id.as_str(), api, headers.clone(), body.clone())
@@ -249,6 +261,7 @@ async fn prepare(
         cache_key: None,
         admission_events,
         max_tokens_clamp: None,
+        turn_writes,
     })
 }
 
@@ -645,7 +658,13 @@ async fn stream(
     let mut call = plan(&gateway, &mut prepared).await?;
     let started = Instant::now();
     let body = std::mem::take(&mut call.body);
-    let response = gateway.upstream.post(&prepared.settings, path, body, &headers, true).await;
+    // The turn's fsync runs while the upstream call is under way; the client hears nothing before
+    // both are done.
+    let (response, durable) = tokio::join!(
+        gateway.upstream.post(&prepared.settings, path, body, &headers, true),
+        gateway.engine.make_durable(prepared.turn_writes)
+    );
+    durable?;
     let response =
         response.inspect_err(|_| gateway.metrics.upstream_calls.with_label_values(&["error"]).inc())?;
     let clamp = prepared.max_tokens_clamp;
@@ -707,9 +726,17 @@ pub async fn chat(
     if prepared.request.tools.is_empty() {
         prepared.cache_key = cache_key;
     }
-    if prepared.request.stream {
-        stream(gateway, prepared, headers).await
+    let turn_writes = prepared.turn_writes;
+    let answered = if prepared.request.stream {
+        stream(Arc::clone(&gateway), prepared, headers).await
     } else {
         complete(&gateway, prepared, &headers).await
+    };
+    // Whatever the outcome, the client's turn is durable before it hears back. An answer's own
+    // fsync (or a stream's) already covered it, so this usually returns at once.
+    let durable = gateway.engine.make_durable(turn_writes).await;
+    match (answered, durable) {
+        (Err(error), _) | (Ok(_), Err(error)) => Err(error),
+        (Ok(response), Ok(())) => Ok(response),
     }
 }
