@@ -63,7 +63,8 @@ pub struct StageBudgetsSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = 0, max = 10_000_000))]
     pub tools_tokens: Option<u32>,
-    /// Summaries of compacted and purged history; over it is reported. Default 0.
+    /// Summaries of compacted and purged history; over it, two or more summaries are merged into one by a
+    /// compaction (with automatic compaction on), and a single summary over it is reported. Default 0.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = 0, max = 10_000_000))]
     pub memory_tokens: Option<u32>,

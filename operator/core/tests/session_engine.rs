@@ -10,7 +10,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use serde_json::Map;
 use strata_core::budget::OperationId;
 use strata_core::compaction::{CompactionMode, EXTRACTIVE_VERSION, ExtractiveSummarizer};
-use strata_core::entry::{Content, Role, ToolCall, ToolResult};
+use strata_core::entry::{Content, EntryKind, Role, ToolCall, ToolResult};
 use strata_core::journal::{AppendHandle, LockOutcome, StdStorage, Storage};
 use strata_core::session::protocol::check_request;
 use strata_core::session::{
@@ -468,4 +468,64 @@ fn tool_results_over_their_stage_ceiling_are_elided_oldest_first() {
     let text = body["messages"].to_string();
     assert!(text.contains("result 5: matched"), "the newest result stays whole");
     assert!(text.contains("data_ref"), "elided results name their data_ref");
+}
+
+/// Ten logs read, then the model purges `purges` pairs of early entries, each with its own summary.
+fn with_purge_summaries(settings: &SessionSettings, purges: u64) -> (tempfile::TempDir, SessionEngine) {
+    let dir = tempfile::tempdir().unwrap();
+    let mut engine = SessionEngine::open(dir.path(), settings, 0).unwrap();
+    read_ten_logs(&mut engine, settings);
+    let call = send(&mut engine, settings, vec![user("tidy up the early logs".into())], 20);
+    let tool_calls = (0..purges)
+        .map(|purge| ToolCall {
+            call_id: format!("call_purge_{purge}"),
+            name: "strata_purge".into(),
+            arguments_json: serde_json::json!({
+                "ids": [format!("msg_{}", 2 * purge + 1), format!("msg_{}", 2 * purge + 2)],
+                "summary": format!("Logs {purge} were read; nothing in them matters any more."),
+            })
+            .to_string(),
+        })
+        .collect();
+    let answer = AssistantOutput { tool_calls, ..AssistantOutput::default() };
+    engine.record_answer(settings, &call, &answer, 21).unwrap();
+    (dir, engine)
+}
+
+fn summaries(engine: &SessionEngine) -> usize {
+    engine.journal().entries().iter().filter(|entry| entry.id.kind() == EntryKind::Summary).count()
+}
+
+#[test]
+fn summaries_over_the_memory_stage_are_merged_by_a_compaction() {
+    let mut settings = SessionSettings::defaults(Api::OpenAi, 40_000);
+    settings.stages.memory_tokens = 10;
+    let (_dir, mut engine) = with_purge_summaries(&settings, 2);
+    assert_eq!(summaries(&engine), 2, "each purge left its summary");
+
+    let chat = request(vec![user("what next?".into())]);
+    let turn = TurnRequest {
+        request: &chat,
+        transparent: false,
+        operation_id: OperationId::from_request("test", b"next"),
+        head: Map::new(),
+        now_ms: 30,
+    };
+    let TurnOutcome::Admitted(admitted) = engine.begin_turn(&settings, turn).unwrap() else {
+        panic!("blocked")
+    };
+    assert_eq!(admitted.compactions, 1, "the memory stage over its ceiling compacted");
+    assert_eq!(summaries(&engine), 1, "the two summaries were folded into one state");
+}
+
+#[test]
+fn one_summary_over_the_memory_stage_is_reported_not_compacted_again() {
+    let mut settings = SessionSettings::defaults(Api::OpenAi, 40_000);
+    settings.stages.memory_tokens = 10;
+    let (_dir, mut engine) = with_purge_summaries(&settings, 1);
+    assert_eq!(summaries(&engine), 1);
+    let call = send(&mut engine, &settings, vec![user("what next?".into())], 30);
+    let memory = call.stages.iter().find(|stage| stage.stage == strata_core::budget::Stage::Memory).unwrap();
+    assert!(memory.over, "{memory:?}");
+    assert_eq!(summaries(&engine), 1, "nothing to merge: no compaction");
 }

@@ -1,6 +1,8 @@
 //! Stage budgets (GCS §17.11): the output reserve is taken from the limit first, then the system
 //! prompt, the tools, memory (summaries), tool results and history each get their ceiling from
-//! what is left, in that order. The client's `max_tokens` is clamped to the output reserve.
+//! what is left, in that order. The client's `max_tokens` is clamped to the output reserve. Every
+//! section but the client's system prompt is brought back under its ceiling: tools by lazy schemas,
+//! memory by merging summaries, tool results by elision, history by compaction.
 
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
@@ -69,6 +71,9 @@ pub enum Enforcement {
     Elision,
     /// History over the ceiling triggers a compaction.
     Compaction,
+    /// Summaries over the ceiling are merged into one by a compaction when there are two or more
+    /// (a compaction folds earlier summaries into its state); a single summary over it is reported.
+    MergedByCompaction,
 }
 
 /// One section's budget and use at one call, as the Inspector shows it.
@@ -126,7 +131,7 @@ pub fn allocate(
     for (stage, ceiling, used, enforcement) in [
         (Stage::System, stages.system_tokens, used.system, Enforcement::Reported),
         (Stage::Tools, tools_ceiling, used.tools, Enforcement::LazySchemas),
-        (Stage::Memory, stages.memory_tokens, used.memory, Enforcement::Reported),
+        (Stage::Memory, stages.memory_tokens, used.memory, Enforcement::MergedByCompaction),
         (Stage::ToolResults, stages.tool_results_tokens, used.tool_results, Enforcement::Elision),
         (Stage::History, stages.history_tokens, used.history, Enforcement::Compaction),
     ] {

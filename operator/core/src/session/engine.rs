@@ -1653,12 +1653,27 @@ impl SessionEngine {
         })))
     }
 
-    /// Whether the context plus its reservations reached the compaction trigger, or the history
-    /// stage is over its ceiling.
+    /// Whether the context plus its reservations reached the compaction trigger, the history stage
+    /// is over its ceiling, or the memory stage is over its ceiling with summaries a compaction can
+    /// merge.
     fn reached_trigger(&self, settings: &SessionSettings) -> bool {
         let used = self.compiler.context_tokens() + settings.reserved_tokens();
         used >= settings.limit * u64::from(settings.compaction_trigger_percent) / 100
             || self.stage_over(settings, Stage::History)
+            || self.memory_mergeable(settings)
+    }
+
+    /// Whether summaries take more than the memory stage allows and there are two or more of them
+    /// in the window: a compaction folds them into one state. One summary over the ceiling is
+    /// reported, not compacted again and again.
+    fn memory_mergeable(&self, settings: &SessionSettings) -> bool {
+        if settings.stages.memory_tokens == 0 {
+            return false;
+        }
+        let Ok(packet) = self.compiler.compile(settings.limit, settings.budget) else { return false };
+        let summaries =
+            packet.entries.iter().filter(|entry| entry.included && entry.id.kind() == EntryKind::Summary);
+        summaries.take(2).count() == 2 && self.stage_over(settings, Stage::Memory)
     }
 
     /// Whether `stage` takes more than its allocation now.
@@ -1666,6 +1681,7 @@ impl SessionEngine {
         let ceiling = match stage {
             Stage::History => settings.stages.history_tokens,
             Stage::ToolResults => settings.stages.tool_results_tokens,
+            Stage::Memory => settings.stages.memory_tokens,
             _ => return false,
         };
         if ceiling == 0 {
