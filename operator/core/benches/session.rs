@@ -60,7 +60,8 @@ fn seed(dir: &Path, settings: &SessionSettings, tokens: u64) -> u64 {
     let mut engine = SessionEngine::open(dir, settings, 0).unwrap();
     let mut number = 1;
     while engine.status(settings).unwrap().tokens < tokens {
-        let note = format!("Note {number}: {}", "the deploy of service-a finished; logs are clean. ".repeat(40));
+        let note =
+            format!("Note {number}: {}", "the deploy of service-a finished; logs are clean. ".repeat(40));
         turn(&mut engine, settings, number, note);
         number += 1;
     }
