@@ -3,9 +3,8 @@
 //! learn from its usage), at 1k-, 50k- and 200k-token journals. This is the work the gateway hands
 //! to the blocking pool twice per request; the gateway bench adds the HTTP hops around it.
 //!
-//! Each sample starts from a fresh copy of the seeded journal and one warm-up turn (outside the
-//! timing; the first turn after opening renders the whole history once) and runs a fixed number of
-//! turns, so the journal grows by a few thousand tokens at most, as in the gateway bench.
+//! Each sample seeds a new journal through the same engine (outside the timing, so its rendered
+//! history is warm, as in a running gateway) and then times a fixed number of turns, so the journal grows by a few thousand tokens at most, as in the gateway bench.
 //! The journal's fsyncs are not part of it: the gateway makes a request durable with one group
 //! commit after the engine call.
 #![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]
@@ -32,15 +31,8 @@ fn settings() -> SessionSettings {
 
 /// One request and its answer; returns nothing, panics if the turn is not admitted.
 fn turn(engine: &mut SessionEngine, settings: &SessionSettings, number: u64, text: String) {
-    let chat = ChatRequest {
-        api: Api::OpenAi,
-        stream: false,
-        system_text: "You are a careful assistant.".into(),
-        turns: vec![Turn { role: Role::User, content: Content::text(text) }],
-        tools: Vec::new(),
-        params: Map::new(),
-        wants_usage: false,
-    };
+    let user = Turn { role: Role::User, content: Content::text(text) };
+    let chat = ChatRequest::plain(Api::OpenAi, "You are a careful assistant.", vec![user]);
     let request = TurnRequest {
         request: &chat,
         transparent: false,
@@ -55,8 +47,10 @@ fn turn(engine: &mut SessionEngine, settings: &SessionSettings, number: u64, tex
     engine.record_answer(settings, &admitted.first_call, &answer, number).unwrap();
 }
 
-/// A data directory whose journal holds about `tokens` tokens of notes; returns the next turn number.
-fn seed(dir: &Path, settings: &SessionSettings, tokens: u64) -> u64 {
+/// An engine on a new data directory whose journal holds about `tokens` tokens of notes, and the
+/// next turn number. The engine that wrote the notes is the one measured, so its rendered history
+/// is as warm as a running gateway's.
+fn seed(dir: &Path, settings: &SessionSettings, tokens: u64) -> (SessionEngine, u64) {
     let mut engine = SessionEngine::open(dir, settings, 0).unwrap();
     let mut number = 1;
     while engine.status(settings).unwrap().tokens < tokens {
@@ -65,20 +59,7 @@ fn seed(dir: &Path, settings: &SessionSettings, tokens: u64) -> u64 {
         turn(&mut engine, settings, number, note);
         number += 1;
     }
-    number
-}
-
-fn copy_dir(from: &Path, to: &Path) {
-    std::fs::create_dir_all(to).unwrap();
-    for entry in std::fs::read_dir(from).unwrap() {
-        let entry = entry.unwrap();
-        let target = to.join(entry.file_name());
-        if entry.file_type().unwrap().is_dir() {
-            copy_dir(&entry.path(), &target);
-        } else {
-            std::fs::copy(entry.path(), target).unwrap();
-        }
-    }
+    (engine, number)
 }
 
 fn bench_session(c: &mut Criterion) {
@@ -87,21 +68,15 @@ fn bench_session(c: &mut Criterion) {
     let mut group = c.benchmark_group("stateful_request_engine_work");
     group.sampling_mode(SamplingMode::Flat).sample_size(20).measurement_time(Duration::from_secs(4));
     for size in [1_000u64, 50_000, 200_000] {
-        let seeded = root.path().join(format!("seed-{size}"));
-        let next = seed(&seeded, &settings, size);
-        let mut copies = 0u64;
+        let mut samples = 0u64;
         group.bench_with_input(BenchmarkId::from_parameter(size), &size, |b, _| {
             b.iter_custom(|iterations| {
                 let mut total = Duration::ZERO;
                 let mut done = 0;
                 while done < iterations {
-                    copies += 1;
-                    let dir = root.path().join(format!("run-{size}-{copies}"));
-                    copy_dir(&seeded, &dir);
-                    let mut engine = SessionEngine::open(&dir, &settings, 0).unwrap();
-                    // The first turn after opening renders the whole history once; a running
-                    // gateway has done that long ago.
-                    turn(&mut engine, &settings, next - 1 + 1_000_000, "Resuming.".into());
+                    samples += 1;
+                    let dir = root.path().join(format!("run-{size}-{samples}"));
+                    let (mut engine, next) = seed(&dir, &settings, size);
                     let batch = TURNS_PER_SAMPLE.min(iterations - done);
                     let started = Instant::now();
                     for offset in 0..batch {

@@ -16,15 +16,7 @@ fn request(turns: Vec<Turn>, head_max_tokens: Option<u64>) -> (ChatRequest, Map<
     if let Some(max) = head_max_tokens {
         head.insert("max_tokens".into(), json!(max));
     }
-    let chat = ChatRequest {
-        api: Api::OpenAi,
-        stream: false,
-        system_text: "You are a test agent.".into(),
-        turns,
-        tools: Vec::new(),
-        params: Map::new(),
-        wants_usage: false,
-    };
+    let chat = ChatRequest::plain(Api::OpenAi, "You are a test agent.", turns);
     (chat, head)
 }
 

@@ -19,15 +19,7 @@ use strata_core::session::{
 };
 
 fn request(turns: Vec<Turn>) -> ChatRequest {
-    ChatRequest {
-        api: Api::OpenAi,
-        stream: false,
-        system_text: "You are a test agent.".into(),
-        turns,
-        tools: Vec::new(),
-        params: Map::new(),
-        wants_usage: false,
-    }
+    ChatRequest::plain(Api::OpenAi, "You are a test agent.", turns)
 }
 
 fn user(text: String) -> Turn {

@@ -166,18 +166,9 @@ fn model_output(client: &mut Client, answer: &Answer, engine: &SessionEngine) ->
 
 /// Sends the client's whole history, answers with `answer`, and checks every compiled call.
 fn send(engine: &mut SessionEngine, settings: &SessionSettings, client: &mut Client, answer: &Answer) {
-    let request = ChatRequest {
-        api: client.api,
-        stream: false,
-        system_text: format!(
-            "You are a careful agent.\nToday's date is 2026-12-{:02}.\nWork step by step.",
-            client.day
-        ),
-        turns: client.history.clone(),
-        tools: Vec::new(),
-        params: Map::new(),
-        wants_usage: false,
-    };
+    let system =
+        format!("You are a careful agent.\nToday's date is 2026-12-{:02}.\nWork step by step.", client.day);
+    let request = ChatRequest::plain(client.api, system, client.history.clone());
     let turn = TurnRequest {
         request: &request,
         transparent: true,

@@ -478,13 +478,8 @@ fn marker_pattern() -> Option<Regex> {
 fn client_request(messages: &[Value], tools: &[Value]) -> Result<ChatRequest, String> {
     let parsed = parse_messages(messages)?;
     Ok(ChatRequest {
-        api: Api::OpenAi,
-        stream: false,
-        system_text: parsed.system.join("\n\n"),
-        turns: parsed.turns,
         tools: tools.to_vec(),
-        params: Map::new(),
-        wants_usage: false,
+        ..ChatRequest::plain(Api::OpenAi, parsed.system.join("\n\n"), parsed.turns)
     })
 }
 

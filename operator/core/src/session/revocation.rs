@@ -247,15 +247,7 @@ mod tests {
     use crate::session::{Api, ChatRequest, Turn, TurnOutcome, TurnRequest};
 
     fn turn(engine: &mut SessionEngine, settings: &SessionSettings, turns: Vec<Turn>, now_ms: u64) {
-        let chat = ChatRequest {
-            api: Api::OpenAi,
-            stream: false,
-            system_text: String::new(),
-            turns,
-            tools: Vec::new(),
-            params: Map::new(),
-            wants_usage: false,
-        };
+        let chat = ChatRequest::plain(Api::OpenAi, "", turns);
         let request = TurnRequest {
             request: &chat,
             transparent: false,

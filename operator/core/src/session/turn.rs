@@ -53,6 +53,22 @@ pub struct ChatRequest {
     pub wants_usage: bool,
 }
 
+impl ChatRequest {
+    /// A non-streaming request of `turns` under `system_text`, with no tools and no parameters (how
+    /// replay, the tests and the benches speak to the engine).
+    pub fn plain(api: Api, system_text: impl Into<String>, turns: Vec<Turn>) -> Self {
+        ChatRequest {
+            api,
+            stream: false,
+            system_text: system_text.into(),
+            turns,
+            tools: Vec::new(),
+            params: Map::new(),
+            wants_usage: false,
+        }
+    }
+}
+
 /// Token usage as reported by the provider.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
 #[serde(rename_all = "camelCase")]
