@@ -1,7 +1,7 @@
 //! Lazy tool schemas, delegation digests and the max_tokens clamp through the real gateway over
 //! HTTP, OpenAI and Anthropic: over the tools budget, unused tools go out as one-line summaries in
 //! a fixed order; a call of a summarised tool gets its schema delivered in the history and is
-//! retried once, invisibly to the client; `strata_load_tools` is answered by the gateway; a delegate's result reaches the model as
+//! retried once, invisibly to the client (streamed too, while nothing of the round was forwarded); `strata_load_tools` is answered by the gateway; a delegate's result reaches the model as
 //! a digest; a max_tokens above the output reserve is lowered and reported.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -271,4 +271,105 @@ async fn max_tokens_above_the_reserve_is_clamped_and_reported() {
             round["stages"].as_array().unwrap().iter().map(|s| s["stage"].as_str().unwrap()).collect();
         assert_eq!(stages, ["output_reserve", "system", "tools", "memory", "tool_results", "history"]);
     }
+}
+
+/// The SSE `data:` payloads of a stream, `[DONE]` left out.
+fn stream_events(text: &str) -> Vec<Value> {
+    text.lines()
+        .filter_map(|line| line.strip_prefix("data: "))
+        .filter(|data| *data != "[DONE]")
+        .map(|data| serde_json::from_str(data).unwrap())
+        .collect()
+}
+
+#[tokio::test]
+async fn openai_a_streamed_summarised_call_is_retried_before_the_client_sees_it() {
+    let fake = FakeUpstream::start().await;
+    let gateway = Harness::start(&fake, Provider::OpenAI, lazy_policy).await;
+    let first = call("c1", "kubernetes_deploy_service", json!({"project": "draft"}));
+    let repeated = call("c1", "kubernetes_deploy_service", json!({"project": "web"}));
+    fake.script([Reply::Calls(String::new(), vec![first]), Reply::Calls(String::new(), vec![repeated])]);
+    let request = json!({
+        "model": "m",
+        "stream": true,
+        "messages": [{"role": "user", "content": "open a github record for the outage"}],
+        "tools": openai_tools(),
+    });
+    let (status, text) = gateway.post(CHAT, &request, &[]).await;
+    assert_eq!(status, 200, "{text}");
+    let events = stream_events(&text);
+    let calls: Vec<&Value> = events
+        .iter()
+        .filter_map(|event| event["choices"][0]["delta"]["tool_calls"].as_array())
+        .flatten()
+        .collect();
+    let names: Vec<&str> = calls.iter().filter_map(|c| c["function"]["name"].as_str()).collect();
+    assert_eq!(names, ["kubernetes_deploy_service"], "the client sees the repeated round only: {text}");
+    let arguments: String = calls.iter().filter_map(|c| c["function"]["arguments"].as_str()).collect();
+    assert_eq!(arguments, json!({"project": "web"}).to_string(), "{text}");
+    let roles = events.iter().filter(|event| event["choices"][0]["delta"]["role"].is_string()).count();
+    assert_eq!(roles, 1, "one role delta: {text}");
+    let finishes: Vec<&Value> = events
+        .iter()
+        .map(|event| &event["choices"][0]["finish_reason"])
+        .filter(|reason| !reason.is_null())
+        .collect();
+    assert_eq!(finishes, [&json!("tool_calls")], "{text}");
+    assert!(text.trim_end().ends_with("data: [DONE]"), "{text}");
+
+    let seen = fake.seen();
+    assert_eq!(seen.len(), 2, "one retry");
+    assert_eq!(seen[0].body["tools"], seen[1].body["tools"], "the tool block stays put");
+    let history = seen[1].body["messages"].to_string();
+    assert!(history.contains("Full schemas of kubernetes_deploy_service"), "{history}");
+    let metrics = gateway.metrics().await;
+    assert_eq!(metric(&metrics, "strata_gateway_tool_schema_retries_total"), 1.0, "{metrics}");
+}
+
+#[tokio::test]
+async fn openai_a_streamed_round_the_client_already_saw_text_of_is_not_retried() {
+    let fake = FakeUpstream::start().await;
+    let gateway = Harness::start(&fake, Provider::OpenAI, lazy_policy).await;
+    let deploy = call("c1", "kubernetes_deploy_service", json!({"project": "web"}));
+    fake.script([Reply::Calls("Deploying now.".into(), vec![deploy])]);
+    let request = json!({
+        "model": "m",
+        "stream": true,
+        "messages": [{"role": "user", "content": "open a github record for the outage"}],
+        "tools": openai_tools(),
+    });
+    let (status, text) = gateway.post(CHAT, &request, &[]).await;
+    assert_eq!(status, 200, "{text}");
+    assert!(text.contains("kubernetes_deploy_service"), "the call is forwarded as made: {text}");
+    assert_eq!(fake.seen().len(), 1, "text already streamed: no invisible retry is possible");
+}
+
+#[tokio::test]
+async fn anthropic_a_streamed_summarised_call_is_retried_before_the_client_sees_it() {
+    let fake = FakeUpstream::start().await;
+    let gateway = Harness::start(&fake, Provider::Anthropic, lazy_policy).await;
+    fake.script([
+        Reply::Calls(String::new(), vec![call("c2", "jira_delete_record", json!({"project": "draft"}))]),
+        Reply::Calls(String::new(), vec![call("c2", "jira_delete_record", json!({"project": "ops"}))]),
+    ]);
+    let request = json!({
+        "model": "m",
+        "max_tokens": 1024,
+        "stream": true,
+        "messages": [{"role": "user", "content": "check the postgres logs"}],
+        "tools": tools(),
+    });
+    let (status, text) = gateway.post(MESSAGES, &request, &[]).await;
+    assert_eq!(status, 200, "{text}");
+    let events = stream_events(&text);
+    let kinds: Vec<&str> = events.iter().filter_map(|event| event["type"].as_str()).collect();
+    assert_eq!(kinds.iter().filter(|kind| **kind == "message_start").count(), 1, "{text}");
+    assert_eq!(kinds.iter().filter(|kind| **kind == "content_block_start").count(), 1, "{text}");
+    assert_eq!(kinds.iter().filter(|kind| **kind == "message_delta").count(), 1, "{text}");
+    let input: String = events.iter().filter_map(|event| event["delta"]["partial_json"].as_str()).collect();
+    assert_eq!(input, json!({"project": "ops"}).to_string(), "the repeated round's input: {text}");
+    let seen = fake.seen();
+    assert_eq!(seen.len(), 2);
+    let retried = seen[1].body["messages"].to_string();
+    assert!(retried.contains("Full schemas of jira_delete_record"), "{retried}");
 }

@@ -199,6 +199,9 @@ pub struct UpstreamCall {
     pub churn: ChurnCause,
     /// The client's tools as sent (full schemas and summaries).
     pub tools: ToolBlockStats,
+    /// Names of the client's tools this call shows only summarised (empty unless schemas are lazy):
+    /// a streamed round that calls one of them first can be dropped and repeated with the schema.
+    pub summarised_tools: Vec<String>,
     /// Each section's budget and use, the output reserve first.
     pub stages: Vec<StageUsage>,
     /// The client's `max_tokens`, when it was above the output reserve and lowered to it.
@@ -1245,6 +1248,19 @@ impl SessionEngine {
         names
     }
 
+    /// The client's tools the model sees only summarised now, in the tool block's order.
+    fn summarised_tool_names(&self) -> Vec<String> {
+        if !self.tool_stats.lazy {
+            return Vec::new();
+        }
+        self.ordered_tools
+            .iter()
+            .filter_map(|tool| crate::prefix::tool_name(tool))
+            .filter(|name| self.tool_view.is_unseen(&self.ordered_tools, name))
+            .map(str::to_owned)
+            .collect()
+    }
+
     /// The `strata_load_tools` answer for `names`: the full schemas of those sent as a summary
     /// (they count as delivered from now on), and the count loaded. The tool block is left alone,
     /// so the cached prompt stays valid.
@@ -1442,6 +1458,7 @@ impl SessionEngine {
             breakpoints: packet.breakpoints.len(),
             churn: std::mem::replace(&mut self.pending_churn, ChurnCause::None),
             tools: self.tool_stats,
+            summarised_tools: self.summarised_tool_names(),
             stages: allocate(
                 settings.limit,
                 &settings.budget,

@@ -8,6 +8,7 @@ use serde_json::{Value, json};
 use strata_core::entry::{Content, Role, ToolCall, ToolResult};
 
 use super::errors::GatewayError;
+use super::schema_retry::SchemaRetryHold;
 use super::sse;
 use strata_core::session::tool_schema::is_memory_tool;
 use strata_core::session::turn::{Api, AssistantOutput, ChatRequest, Turn, Usage, text_of};
@@ -231,9 +232,20 @@ pub struct StreamTranslator {
     stop_reason: String,
     usage: Option<Usage>,
     complete: bool,
+    retry: SchemaRetryHold,
 }
 
 impl StreamTranslator {
+    /// Arms the round for a repeat when the model calls one of `summarised` first.
+    pub fn hold_summarised(&mut self, summarised: Vec<String>) {
+        self.retry.arm(summarised);
+    }
+
+    /// Whether the round just read was held back whole for a repeat with loaded schemas.
+    pub fn held_for_retry(&self) -> bool {
+        self.retry.is_held()
+    }
+
     /// Whether the current round's stream ended properly (`message_stop` was seen).
     pub fn round_complete(&self) -> bool {
         self.complete
@@ -281,10 +293,10 @@ impl StreamTranslator {
                 let index = event.get("index").and_then(Value::as_u64).unwrap_or(0);
                 let block = event.get("content_block").cloned().unwrap_or(Value::Null);
                 let kind = block.get("type").and_then(Value::as_str).unwrap_or_default();
-                let mut hidden = false;
+                let mut hidden = self.retry.is_held();
                 if kind == "tool_use" {
                     let name = block.get("name").and_then(Value::as_str).unwrap_or_default().to_owned();
-                    hidden = is_memory_tool(&name);
+                    hidden = is_memory_tool(&name) || self.retry.withholds(&name);
                     let call_id = block.get("id").and_then(Value::as_str).unwrap_or_default().to_owned();
                     self.calls.push((index, ToolCall { call_id, name, arguments_json: String::new() }));
                 } else if kind == "text" {
@@ -295,6 +307,7 @@ impl StreamTranslator {
                     self.client_index.insert(index, None);
                     false
                 } else {
+                    self.retry.shown();
                     self.client_index.insert(index, Some(self.next_client_index));
                     self.next_client_index += 1;
                     self.reindex(&mut event).is_some()
@@ -322,7 +335,7 @@ impl StreamTranslator {
                 if let Some(output) = event.pointer("/usage/output_tokens").and_then(Value::as_u64) {
                     self.usage.get_or_insert_with(Usage::default).completion_tokens = output;
                 }
-                !self.is_internal()
+                !self.is_internal() && !self.retry.is_held()
             }
             "message_stop" => {
                 self.complete = true;
@@ -337,6 +350,7 @@ impl StreamTranslator {
     pub fn finish_round(&mut self) -> AssistantOutput {
         self.client_index.clear();
         self.complete = false;
+        self.retry.reset();
         let texts = std::mem::take(&mut self.texts);
         let calls = std::mem::take(&mut self.calls)
             .into_iter()

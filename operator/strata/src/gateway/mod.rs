@@ -16,6 +16,7 @@ mod proposals;
 pub(crate) mod provider;
 mod reporter;
 mod response_cache;
+mod schema_retry;
 mod server;
 mod sse;
 #[cfg(test)]

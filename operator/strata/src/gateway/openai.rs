@@ -7,6 +7,7 @@ use strata_core::entry::ToolCall;
 use strata_core::session::openai_messages::parse_messages;
 
 use super::errors::GatewayError;
+use super::schema_retry::SchemaRetryHold;
 use super::sse;
 use strata_core::session::tool_schema::{COMPACT_TOOL_NAME, PURGE_TOOL_NAME, is_memory_tool};
 use strata_core::session::turn::{Api, AssistantOutput, ChatRequest, Usage, text_of};
@@ -186,6 +187,7 @@ pub struct StreamTranslator {
     finish: String,
     usage: Option<Usage>,
     complete: bool,
+    retry: SchemaRetryHold,
 }
 
 impl StreamTranslator {
@@ -203,7 +205,18 @@ impl StreamTranslator {
             finish: String::new(),
             usage: None,
             complete: false,
+            retry: SchemaRetryHold::default(),
         }
+    }
+
+    /// Arms the round for a repeat when the model calls one of `summarised` first.
+    pub fn hold_summarised(&mut self, summarised: Vec<String>) {
+        self.retry.arm(summarised);
+    }
+
+    /// Whether the round just read was held back whole for a repeat with loaded schemas.
+    pub fn held_for_retry(&self) -> bool {
+        self.retry.is_held()
     }
 
     fn has_visible_calls(&self) -> bool {
@@ -232,10 +245,11 @@ impl StreamTranslator {
         if may_become_memory_tool(name) && !final_name {
             return None;
         }
-        if is_memory_tool(name) {
+        if is_memory_tool(name) || self.retry.withholds(name) {
             streamed.route = CallRoute::Hidden;
             return None;
         }
+        self.retry.shown();
         let client_index = self.next_client_index;
         self.next_client_index += 1;
         streamed.route = CallRoute::Visible(client_index);
@@ -337,7 +351,10 @@ impl StreamTranslator {
             }
             if let Some(text) = delta.get("content").and_then(Value::as_str) {
                 self.text.push_str(text);
-                forward |= !text.is_empty();
+                if !text.is_empty() && !self.retry.is_held() {
+                    self.retry.shown();
+                    forward = true;
+                }
             }
             if let Some(Value::Array(calls)) = delta.remove("tool_calls") {
                 for call in calls {
@@ -359,6 +376,17 @@ impl StreamTranslator {
                 choice.insert("delta".into(), json!({ "tool_calls": visible }));
             }
         }
+        if self.retry.is_held() {
+            // Nothing of a held round reaches the client; a role it carried goes with the repeat.
+            if chunk.pointer("/choices/0/delta/role").is_some() {
+                self.role_sent = false;
+            }
+            if let Some(reason) = finish_reason {
+                self.finish = reason;
+                self.complete = true;
+            }
+            return Ok(None);
+        }
         if let Some(reason) = finish_reason {
             self.finish = reason;
             self.complete = true;
@@ -379,6 +407,7 @@ impl StreamTranslator {
     /// Ends a round: returns what the model said in it and resets the per-round state.
     pub fn finish_round(&mut self) -> AssistantOutput {
         self.complete = false;
+        self.retry.reset();
         AssistantOutput {
             id: self.id.clone().unwrap_or_default(),
             text: std::mem::take(&mut self.text),

@@ -541,7 +541,11 @@ async fn stream_rounds(
     let mut texts: Vec<String> = Vec::new();
     let mut total = Usage::default();
     let (mut call, mut response, mut upstream_started) = first;
+    // One held round per request at most, as in the non-streaming path.
+    let mut retried = false;
     for round in 0..MAX_ROUNDS {
+        let summarised = std::mem::take(&mut call.summarised_tools);
+        translator.hold_summarised(if retried { Vec::new() } else { summarised });
         let mut parser = SseParser::default();
         let mut chunks = response.bytes_stream();
         let mut failure = None;
@@ -595,28 +599,51 @@ async fn stream_rounds(
             return;
         }
         let upstream_time = upstream_started.elapsed();
+        let held = translator.held_for_retry();
         let output = translator.finish_round();
-        let internal =
-            match record_round(&gateway, &mut prepared, call, &output, upstream_time, &mut total, &texts)
-                .await
-            {
-                Ok(internal) => internal,
+        if held {
+            // The model called a tool it saw only summarised before the client saw anything of
+            // the round: nothing of it was forwarded; load the schemas and repeat the round.
+            retried = true;
+            let loaded =
+                load_summarised(&gateway, &mut prepared, call, &output, upstream_time, &mut total).await;
+            match loaded {
+                Ok(None) => {}
+                Ok(Some(_)) => tracing::warn!("a held round's tools were all loaded already; repeating it"),
                 Err(error) => {
                     client.send(stream_error_event(adapter, &error)).await;
                     finish_record(&gateway, prepared, &error.to_string());
                     return;
                 }
-            };
-        texts.push(output.text.clone());
-        if !internal {
-            for bytes in translator.closing(&total) {
-                client.send(bytes).await;
             }
-            if let (Some(key), Some(copy), 1) = (prepared.cache_key, client.copy.take(), texts.len()) {
-                gateway.responses.put(key, true, Bytes::from(copy), response_cache_ttl(&prepared.settings));
+        } else {
+            let internal =
+                match record_round(&gateway, &mut prepared, call, &output, upstream_time, &mut total, &texts)
+                    .await
+                {
+                    Ok(internal) => internal,
+                    Err(error) => {
+                        client.send(stream_error_event(adapter, &error)).await;
+                        finish_record(&gateway, prepared, &error.to_string());
+                        return;
+                    }
+                };
+            texts.push(output.text.clone());
+            if !internal {
+                for bytes in translator.closing(&total) {
+                    client.send(bytes).await;
+                }
+                if let (Some(key), Some(copy), 1) = (prepared.cache_key, client.copy.take(), texts.len()) {
+                    gateway.responses.put(
+                        key,
+                        true,
+                        Bytes::from(copy),
+                        response_cache_ttl(&prepared.settings),
+                    );
+                }
+                finish_record(&gateway, prepared, "ok");
+                return;
             }
-            finish_record(&gateway, prepared, "ok");
-            return;
         }
         if round + 1 == MAX_ROUNDS {
             break;

@@ -73,6 +73,11 @@ pub trait StreamTranslation: Send {
     fn finish_round(&mut self) -> AssistantOutput;
     /// The events that close the client's stream, with the usage of all rounds.
     fn closing(&self, total: &Usage) -> Vec<Bytes>;
+    /// Arms the next round: when the model calls one of `summarised` (tools it saw only as a
+    /// summary) before anything of the round reached the client, the whole round is held back.
+    fn hold_summarised(&mut self, summarised: Vec<String>);
+    /// Whether the round just read was held back, to be repeated once the schemas are loaded.
+    fn held_for_retry(&self) -> bool;
 }
 
 /// The OpenAI chat-completions API (OpenAI and OpenAI-compatible upstreams).
@@ -279,6 +284,14 @@ impl StreamTranslation for openai::StreamTranslator {
         openai::StreamTranslator::finish_round(self)
     }
 
+    fn hold_summarised(&mut self, summarised: Vec<String>) {
+        openai::StreamTranslator::hold_summarised(self, summarised);
+    }
+
+    fn held_for_retry(&self) -> bool {
+        openai::StreamTranslator::held_for_retry(self)
+    }
+
     fn closing(&self, total: &Usage) -> Vec<Bytes> {
         openai::StreamTranslator::closing(self, total)
     }
@@ -295,6 +308,14 @@ impl StreamTranslation for anthropic::StreamTranslator {
 
     fn finish_round(&mut self) -> AssistantOutput {
         anthropic::StreamTranslator::finish_round(self)
+    }
+
+    fn hold_summarised(&mut self, summarised: Vec<String>) {
+        anthropic::StreamTranslator::hold_summarised(self, summarised);
+    }
+
+    fn held_for_retry(&self) -> bool {
+        anthropic::StreamTranslator::held_for_retry(self)
     }
 
     fn closing(&self, _total: &Usage) -> Vec<Bytes> {
