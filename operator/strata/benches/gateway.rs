@@ -319,7 +319,12 @@ async fn main() {
             let after = journal_tokens(gateway.address).await;
             let (rss, peak) = rss_kib(gateway.child.id());
             if let Some(first) = phase.failures.first() {
-                println!("  {} failed requests in {name}, e.g. {first}", phase.failures.len());
+                let through_gateway = phase.failures.iter().filter(|f| f.starts_with("gateway:")).count();
+                println!(
+                    "  {} failed requests in {name} ({through_gateway} through the gateway, {} direct), e.g. {first}",
+                    phase.failures.len(),
+                    phase.failures.len() - through_gateway
+                );
                 regressions
                     .push(format!("{} failed requests at {target} tokens, {name}", phase.failures.len()));
             }
