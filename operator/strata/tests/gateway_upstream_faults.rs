@@ -273,3 +273,27 @@ async fn a_refused_connection_answers_502_in_the_providers_shape() {
         }
     }
 }
+
+#[tokio::test]
+async fn an_upstream_that_refuses_a_moment_is_reached_on_a_later_attempt() {
+    // A socket bound but not listening refuses connections until `listen` is called.
+    let socket = tokio::net::TcpSocket::new_v4().unwrap();
+    socket.bind("127.0.0.1:0".parse().unwrap()).unwrap();
+    let port = socket.local_addr().unwrap().port();
+    let placeholder = FakeUpstream::start().await;
+    let gateway = Harness::start(&placeholder, Provider::OpenAI, |config| {
+        config.upstream.endpoint = format!("http://127.0.0.1:{port}/v1");
+    })
+    .await;
+    let history = [json!({"role": "user", "content": "anyone there?"})];
+    let body = request(&history, false);
+    let sent = tokio::spawn(async move { gateway.post_json(path(Provider::OpenAI), &body, &[]).await });
+    // The gateway's first attempt is refused; the upstream starts listening before its next one.
+    tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    let late = FakeUpstream::serve(socket.listen(64).unwrap());
+    late.script([Reply::Text("here".into())]);
+    let (status, answer) = sent.await.unwrap();
+    assert_eq!(status, 200, "{answer}");
+    assert_eq!(late.seen().len(), 1, "one model call reached the upstream");
+    assert!(placeholder.seen().is_empty());
+}

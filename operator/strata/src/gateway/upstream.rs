@@ -20,6 +20,12 @@ const PASSED_ERROR_HEADERS: [&str; 4] = ["retry-after", "retry-after-ms", "x-req
 /// Prefixes of provider rate-limit headers passed to the client with an error.
 const PASSED_ERROR_HEADER_PREFIXES: [&str; 2] = ["x-ratelimit-", "anthropic-ratelimit-"];
 
+/// Attempts to connect to the upstream for one call before its error reaches the client.
+const CONNECT_ATTEMPTS: u32 = 3;
+
+/// Pause before the second connection attempt; the third waits twice as long.
+const CONNECT_RETRY_PAUSE: Duration = Duration::from_millis(50);
+
 /// Largest upstream answer read by default (32 MiB); a larger one is refused.
 pub const DEFAULT_MAX_RESPONSE_BYTES: usize = 32 * 1024 * 1024;
 
@@ -136,17 +142,33 @@ impl Upstream {
     ) -> Result<reqwest::Response, GatewayError> {
         let url = url(settings, path);
         let length = body.len();
-        let chunks = futures::stream::iter(body.into_chunks().into_iter().map(Ok::<Bytes, std::io::Error>));
-        let mut request = self
-            .request(settings, reqwest::Method::POST, &url, client_headers)
-            .header(header::CONTENT_TYPE, HeaderValue::from_static("application/json"))
-            .header(header::CONTENT_LENGTH, length)
-            .body(reqwest::Body::wrap_stream(chunks));
-        if !stream {
-            request =
-                request.timeout(Duration::from_secs(u64::from(settings.config.upstream.timeout_seconds)));
-        }
-        let response = request.send().await.map_err(|error| Self::map_error(settings, &url, error))?;
+        let chunks = body.into_chunks();
+        let mut attempt = 1;
+        let response = loop {
+            // The chunks are shared buffers: a repeated attempt copies no body bytes.
+            let body = futures::stream::iter(chunks.clone().into_iter().map(Ok::<Bytes, std::io::Error>));
+            let mut request = self
+                .request(settings, reqwest::Method::POST, &url, client_headers)
+                .header(header::CONTENT_TYPE, HeaderValue::from_static("application/json"))
+                .header(header::CONTENT_LENGTH, length)
+                .body(reqwest::Body::wrap_stream(body));
+            if !stream {
+                request =
+                    request.timeout(Duration::from_secs(u64::from(settings.config.upstream.timeout_seconds)));
+            }
+            match request.send().await {
+                Ok(response) => break response,
+                // Nothing was sent when the connection could not be made, so trying again cannot
+                // duplicate a model call: an upstream that briefly refuses connections (a full
+                // accept queue, a restarting proxy) is tried again after a short pause.
+                Err(error) if error.is_connect() && attempt < CONNECT_ATTEMPTS => {
+                    tracing::warn!(%url, attempt, %error, "upstream connection failed; trying again");
+                    tokio::time::sleep(CONNECT_RETRY_PAUSE * attempt).await;
+                    attempt += 1;
+                }
+                Err(error) => return Err(Self::map_error(settings, &url, error)),
+            }
+        };
         self.check(settings, response).await
     }
 

@@ -132,13 +132,17 @@ pub struct FakeUpstream {
 impl FakeUpstream {
     /// Starts the fake on 127.0.0.1:0.
     pub async fn start() -> Self {
+        Self::serve(tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap())
+    }
+
+    /// Starts the fake on `listener`.
+    pub fn serve(listener: tokio::net::TcpListener) -> Self {
         let state = Arc::new(FakeState::default());
         let router = Router::new()
             .route("/v1/chat/completions", post(openai))
             .route("/v1/messages", post(anthropic))
             .route("/v1/models", get(models))
             .with_state(Arc::clone(&state));
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let address = listener.local_addr().unwrap();
         tokio::spawn(async move { axum::serve(listener, router).await.unwrap() });
         Self { address, state }
