@@ -282,13 +282,8 @@ fn stream_events(text: &str) -> Vec<Value> {
         .collect()
 }
 
-#[tokio::test]
-async fn openai_a_streamed_summarised_call_is_retried_before_the_client_sees_it() {
-    let fake = FakeUpstream::start().await;
-    let gateway = Harness::start(&fake, Provider::OpenAI, lazy_policy).await;
-    let first = call("c1", "kubernetes_deploy_service", json!({"project": "draft"}));
-    let repeated = call("c1", "kubernetes_deploy_service", json!({"project": "web"}));
-    fake.script([Reply::Calls(String::new(), vec![first]), Reply::Calls(String::new(), vec![repeated])]);
+/// Streams the outage request with the OpenAI tool set; returns the client's stream as text.
+async fn stream_outage_request(gateway: &Harness) -> String {
     let request = json!({
         "model": "m",
         "stream": true,
@@ -297,6 +292,17 @@ async fn openai_a_streamed_summarised_call_is_retried_before_the_client_sees_it(
     });
     let (status, text) = gateway.post(CHAT, &request, &[]).await;
     assert_eq!(status, 200, "{text}");
+    text
+}
+
+#[tokio::test]
+async fn openai_a_streamed_summarised_call_is_retried_before_the_client_sees_it() {
+    let fake = FakeUpstream::start().await;
+    let gateway = Harness::start(&fake, Provider::OpenAI, lazy_policy).await;
+    let first = call("c1", "kubernetes_deploy_service", json!({"project": "draft"}));
+    let repeated = call("c1", "kubernetes_deploy_service", json!({"project": "web"}));
+    fake.script([Reply::Calls(String::new(), vec![first]), Reply::Calls(String::new(), vec![repeated])]);
+    let text = stream_outage_request(&gateway).await;
     let events = stream_events(&text);
     let calls: Vec<&Value> = events
         .iter()
@@ -332,14 +338,7 @@ async fn openai_a_streamed_round_the_client_already_saw_text_of_is_not_retried()
     let gateway = Harness::start(&fake, Provider::OpenAI, lazy_policy).await;
     let deploy = call("c1", "kubernetes_deploy_service", json!({"project": "web"}));
     fake.script([Reply::Calls("Deploying now.".into(), vec![deploy])]);
-    let request = json!({
-        "model": "m",
-        "stream": true,
-        "messages": [{"role": "user", "content": "open a github record for the outage"}],
-        "tools": openai_tools(),
-    });
-    let (status, text) = gateway.post(CHAT, &request, &[]).await;
-    assert_eq!(status, 200, "{text}");
+    let text = stream_outage_request(&gateway).await;
     assert!(text.contains("kubernetes_deploy_service"), "the call is forwarded as made: {text}");
     assert_eq!(fake.seen().len(), 1, "text already streamed: no invisible retry is possible");
 }
