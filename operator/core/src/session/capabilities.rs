@@ -222,9 +222,16 @@ impl ToolView {
 
     /// Whether `name` is sent as a summary and its schema was never delivered.
     pub fn is_unseen(&self, tools: &[Value], name: &str) -> bool {
-        !self.full.contains(name)
-            && !self.delivered.contains(name)
-            && tools.iter().any(|tool| tool_name(tool) == Some(name))
+        self.never_delivered(name) && tools.iter().any(|tool| tool_name(tool) == Some(name))
+    }
+
+    /// The names of `tools` sent as a summary whose schema was never delivered, in order.
+    pub fn unseen_names<'t>(&self, tools: &'t [Value]) -> impl Iterator<Item = &'t str> {
+        tools.iter().filter_map(|tool| tool_name(tool)).filter(|name| self.never_delivered(name))
+    }
+
+    fn never_delivered(&self, name: &str) -> bool {
+        !self.full.contains(name) && !self.delivered.contains(name)
     }
 
     /// `tools` (in their order) as sent: full schemas for the selected, summaries for the rest.

@@ -1253,12 +1253,7 @@ impl SessionEngine {
         if !self.tool_stats.lazy {
             return Vec::new();
         }
-        self.ordered_tools
-            .iter()
-            .filter_map(|tool| crate::prefix::tool_name(tool))
-            .filter(|name| self.tool_view.is_unseen(&self.ordered_tools, name))
-            .map(str::to_owned)
-            .collect()
+        self.tool_view.unseen_names(&self.ordered_tools).map(str::to_owned).collect()
     }
 
     /// The `strata_load_tools` answer for `names`: the full schemas of those sent as a summary
@@ -1307,13 +1302,19 @@ impl SessionEngine {
             name: Some(super::capabilities::LOAD_TOOLS_NAME.to_owned()),
             output: answer,
         };
-        self.append_own(
-            settings,
-            Role::Tool,
-            Content { tool_results: vec![result], ..Content::default() },
-            now_ms,
-        )?;
+        self.append_tool_result(settings, result, now_ms)?;
         Ok(names)
+    }
+
+    /// Journals the gateway's own answer to one of its tools (a memory tool, `strata_load_tools`).
+    fn append_tool_result(
+        &mut self,
+        settings: &SessionSettings,
+        result: ToolResult,
+        now_ms: u64,
+    ) -> Result<(), EngineError> {
+        let content = Content { tool_results: vec![result], ..Content::default() };
+        self.append_own(settings, Role::Tool, content, now_ms).map(drop)
     }
 
     /// The client's tools as last sent.
@@ -1856,12 +1857,7 @@ impl SessionEngine {
                 name: Some(memory_call.name.clone()),
                 output: outcome.output,
             };
-            self.append_own(
-                settings,
-                Role::Tool,
-                Content { tool_results: vec![result], ..Content::default() },
-                now_ms,
-            )?;
+            self.append_tool_result(settings, result, now_ms)?;
         }
         effects.tools_loaded = self.tool_view.loaded_on_demand - loaded_before;
         Ok(effects)

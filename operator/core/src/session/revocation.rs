@@ -246,6 +246,15 @@ mod tests {
     use crate::entry::{Role, ToolCall};
     use crate::session::{Api, ChatRequest, Turn, TurnOutcome, TurnRequest};
 
+    /// A user's ask, the delegating call and the delegate's result.
+    fn delegation(ask: &str, call: ToolCall, result: ToolResult) -> Vec<Turn> {
+        vec![
+            Turn { role: Role::User, content: Content::text(ask) },
+            Turn { role: Role::Assistant, content: Content { tool_calls: vec![call], ..Content::default() } },
+            Turn { role: Role::Tool, content: Content { tool_results: vec![result], ..Content::default() } },
+        ]
+    }
+
     fn turn(engine: &mut SessionEngine, settings: &SessionSettings, turns: Vec<Turn>, now_ms: u64) {
         let chat = ChatRequest::plain(Api::OpenAi, "", turns);
         let request = TurnRequest {
@@ -266,22 +275,7 @@ mod tests {
             ToolCall { call_id: "call_1".into(), name: "delegate".into(), arguments_json: "{}".into() };
         let result =
             ToolResult { call_id: "call_1".into(), name: None, output: "the delegate's digest".into() };
-        turn(
-            &mut engine,
-            &settings,
-            vec![
-                Turn { role: Role::User, content: Content::text("delegate the review") },
-                Turn {
-                    role: Role::Assistant,
-                    content: Content { tool_calls: vec![call], ..Content::default() },
-                },
-                Turn {
-                    role: Role::Tool,
-                    content: Content { tool_results: vec![result], ..Content::default() },
-                },
-            ],
-            1,
-        );
+        turn(&mut engine, &settings, delegation("delegate the review", call, result), 1);
         assert_eq!(engine.derived_ledger().scope, Some(settings.derivation_scope()));
         let digest =
             engine.journal().entries().iter().find(|e| e.id.kind() == EntryKind::ToolResult).unwrap().id;
@@ -318,22 +312,7 @@ mod tests {
         let output = "Findings: the flaky test races on the shared port 8125. Decision: give each worker its own port.";
         let result =
             ToolResult { call_id: "call_1".into(), name: Some("task".into()), output: output.into() };
-        turn(
-            &mut engine,
-            &settings,
-            vec![
-                Turn { role: Role::User, content: Content::text("find why the test is flaky") },
-                Turn {
-                    role: Role::Assistant,
-                    content: Content { tool_calls: vec![call], ..Content::default() },
-                },
-                Turn {
-                    role: Role::Tool,
-                    content: Content { tool_results: vec![result], ..Content::default() },
-                },
-            ],
-            1,
-        );
+        turn(&mut engine, &settings, delegation("find why the test is flaky", call, result), 1);
         engine.derived.checked = None;
         assert!(engine.validate_derived(&settings, 2).unwrap().is_none(), "made under the current scope");
         let digest =
