@@ -36,6 +36,7 @@ fn turn(engine: &mut SessionEngine, settings: &SessionSettings, number: u64, tex
     let request = TurnRequest {
         request: &chat,
         transparent: false,
+        request_key: None,
         operation_id: OperationId::from_request("bench", &number.to_le_bytes()),
         head: Map::new(),
         now_ms: number,

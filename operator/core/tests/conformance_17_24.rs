@@ -59,6 +59,7 @@ fn begin(
     let turn = TurnRequest {
         request: &chat,
         transparent: false,
+        request_key: None,
         operation_id: OperationId::from_request("conformance", &step.to_le_bytes()),
         head,
         now_ms: 1_000 * step,

@@ -37,6 +37,7 @@ fn drive(settings: &SessionSettings, calls: usize) -> (usize, u64) {
         let turn = TurnRequest {
             request: &chat,
             transparent: false,
+            request_key: None,
             operation_id: OperationId::from_request("test", &call.to_le_bytes()),
             head: Map::new(),
             now_ms: 1_000 * call as u64,
@@ -87,6 +88,7 @@ fn send(
     let turn = TurnRequest {
         request: &chat,
         transparent: false,
+        request_key: None,
         operation_id: OperationId::from_request("test", &at.to_le_bytes()),
         head: Map::new(),
         now_ms: at,
@@ -281,6 +283,7 @@ fn transparent_call(
     let turn = TurnRequest {
         request: &chat,
         transparent: true,
+        request_key: None,
         operation_id: OperationId::from_request("test", answer.as_bytes()),
         head: Map::new(),
         now_ms: 1_000,
@@ -439,6 +442,7 @@ fn tool_results_over_their_stage_ceiling_are_elided_oldest_first() {
         let turn = TurnRequest {
             request: &chat,
             transparent: false,
+            request_key: None,
             operation_id: OperationId::from_request("stages", &step.to_le_bytes()),
             head: Map::new(),
             now_ms: step,
@@ -499,6 +503,7 @@ fn summaries_over_the_memory_stage_are_merged_by_a_compaction() {
     let turn = TurnRequest {
         request: &chat,
         transparent: false,
+        request_key: None,
         operation_id: OperationId::from_request("test", b"next"),
         head: Map::new(),
         now_ms: 30,
@@ -520,4 +525,135 @@ fn one_summary_over_the_memory_stage_is_reported_not_compacted_again() {
     let memory = call.stages.iter().find(|stage| stage.stage == strata_core::budget::Stage::Memory).unwrap();
     assert!(memory.over, "{memory:?}");
     assert_eq!(summaries(&engine), 1, "nothing to merge: no compaction");
+}
+
+/// Sends `turns` as one stateful request with an idempotency key and, when `answer` is given,
+/// records it as the model's answer.
+fn keyed_call(
+    engine: &mut SessionEngine,
+    settings: &SessionSettings,
+    turns: Vec<Turn>,
+    key: Option<&str>,
+    answer: Option<&str>,
+) -> Result<Option<strata_core::session::Rewind>, strata_core::session::EngineError> {
+    let chat = request(turns);
+    let turn = TurnRequest {
+        request: &chat,
+        transparent: false,
+        request_key: key,
+        operation_id: OperationId::from_request("test", key.unwrap_or_default().as_bytes()),
+        head: Map::new(),
+        now_ms: 7,
+    };
+    let TurnOutcome::Admitted(admitted) = engine.begin_turn(settings, turn)? else { panic!("blocked") };
+    if let Some(text) = answer {
+        let output = AssistantOutput { text: text.to_owned(), ..AssistantOutput::default() };
+        engine.record_answer(settings, &admitted.first_call, &output, 7)?;
+    }
+    Ok(admitted.rewind)
+}
+
+fn journal_texts(engine: &SessionEngine) -> Vec<String> {
+    engine.journal().entries().iter().map(|entry| entry.content.text.clone()).collect()
+}
+
+/// A stateful turn journaled just before a crash, and sent again with its key, is journaled once;
+/// without a key the same resend is journaled twice (the case the key exists for).
+#[test]
+fn a_stateful_turn_journaled_before_a_crash_is_journaled_once_when_retried_with_its_key() {
+    for keyed in [true, false] {
+        let dir = tempfile::tempdir().unwrap();
+        let settings = SessionSettings::defaults(Api::OpenAi, 100_000);
+        let armed = Arc::new(AtomicBool::new(false));
+        let storage: Arc<dyn Storage> = Arc::new(DiesAfterAppend { armed: Arc::clone(&armed) });
+        let key = |name| keyed.then_some(name);
+        {
+            let mut engine = SessionEngine::open_on(Arc::clone(&storage), dir.path(), &settings, 0).unwrap();
+            keyed_call(&mut engine, &settings, vec![user("List the files".into())], key("k1"), Some("a.txt"))
+                .unwrap();
+            armed.store(true, Ordering::SeqCst);
+            let cut =
+                keyed_call(&mut engine, &settings, vec![user("Now read a.txt".into())], key("k2"), None);
+            assert!(cut.is_err(), "the append 'crashed'");
+        }
+        armed.store(false, Ordering::SeqCst);
+        let mut engine = SessionEngine::open(dir.path(), &settings, 0).unwrap();
+        keyed_call(&mut engine, &settings, vec![user("Now read a.txt".into())], key("k2"), Some("hello"))
+            .unwrap();
+        let expected: &[&str] = if keyed {
+            &["List the files", "a.txt", "Now read a.txt", "hello"]
+        } else {
+            &["List the files", "a.txt", "Now read a.txt", "Now read a.txt", "hello"]
+        };
+        assert_eq!(journal_texts(&engine), expected, "keyed: {keyed}");
+        assert_eq!(engine.journal().generation(), 1, "nothing to rewind");
+    }
+}
+
+/// An answer the client never got (the stream was cut) is replaced by the retry's: the journal is
+/// rewound to just before the turn and the turn journaled again, once.
+#[test]
+fn a_keyed_retry_after_an_answer_the_client_never_saw_replaces_that_answer() {
+    let dir = tempfile::tempdir().unwrap();
+    let settings = SessionSettings::defaults(Api::OpenAi, 100_000);
+    let mut engine = SessionEngine::open(dir.path(), &settings, 0).unwrap();
+    keyed_call(&mut engine, &settings, vec![user("List the files".into())], Some("k1"), Some("a.txt"))
+        .unwrap();
+    keyed_call(&mut engine, &settings, vec![user("Now read a.txt".into())], Some("k2"), Some("lost"))
+        .unwrap();
+    drop(engine);
+    let mut engine = SessionEngine::open(dir.path(), &settings, 0).unwrap();
+    let rewind =
+        keyed_call(&mut engine, &settings, vec![user("Now read a.txt".into())], Some("k2"), Some("hello"))
+            .unwrap()
+            .expect("the earlier attempt is rewound");
+    assert_eq!((rewind.kept_entries, rewind.dropped_entries), (2, 2));
+    assert_eq!(journal_texts(&engine), ["List the files", "a.txt", "Now read a.txt", "hello"]);
+}
+
+/// A key is for one turn: reused for other messages, or for a turn later turns followed, it is
+/// refused with a message that says what to send instead, and nothing is journaled.
+#[test]
+fn a_key_reused_for_other_messages_or_an_earlier_turn_is_refused() {
+    use strata_core::session::EngineError;
+    use strata_core::session::request_keys::KeyRefusal;
+    let settings = SessionSettings::defaults(Api::OpenAi, 100_000);
+    let mut engine = SessionEngine::in_memory(&settings, 0).unwrap();
+    keyed_call(&mut engine, &settings, vec![user("List the files".into())], Some("k1"), Some("a.txt"))
+        .unwrap();
+    let other =
+        keyed_call(&mut engine, &settings, vec![user("Delete the files".into())], Some("k1"), Some("x"));
+    let Err(EngineError::RequestKey(refusal @ KeyRefusal::Reused { .. })) = other else {
+        panic!("{other:?}")
+    };
+    assert!(refusal.to_string().contains("send a fresh key for each new turn"), "{refusal}");
+    keyed_call(&mut engine, &settings, vec![user("Now read a.txt".into())], Some("k2"), Some("hello"))
+        .unwrap();
+    let stale =
+        keyed_call(&mut engine, &settings, vec![user("List the files".into())], Some("k1"), Some("x"));
+    assert!(matches!(stale, Err(EngineError::RequestKey(KeyRefusal::NotLatest { .. }))), "{stale:?}");
+    let malformed = keyed_call(&mut engine, &settings, vec![user("Hi".into())], Some("two words"), Some("x"));
+    assert!(matches!(malformed, Err(EngineError::RequestKey(KeyRefusal::Malformed))), "{malformed:?}");
+    assert_eq!(journal_texts(&engine), ["List the files", "a.txt", "Now read a.txt", "hello"]);
+}
+
+/// A key written ahead of an append that never became durable names an entry number the journal
+/// may issue again: it is forgotten at open, and the retry journals the turn as new.
+#[test]
+fn a_key_remembered_but_never_journaled_is_forgotten_at_open() {
+    let dir = tempfile::tempdir().unwrap();
+    let settings = SessionSettings::defaults(Api::OpenAi, 100_000);
+    let keys = dir.path().join("gateway").join("request-keys");
+    {
+        let mut engine = SessionEngine::open(dir.path(), &settings, 0).unwrap();
+        keyed_call(&mut engine, &settings, vec![user("List the files".into())], Some("k1"), Some("a.txt"))
+            .unwrap();
+    }
+    let mut text = std::fs::read_to_string(&keys).unwrap();
+    assert_eq!(text.lines().count(), 1);
+    // The crash came after the key line of a second turn and before its record.
+    text.push_str(&format!("{} msg_999 {}\n", "ab".repeat(32), "cd".repeat(32)));
+    std::fs::write(&keys, text).unwrap();
+    let _engine = SessionEngine::open(dir.path(), &settings, 0).unwrap();
+    assert_eq!(std::fs::read_to_string(&keys).unwrap().lines().count(), 1, "the unissued key is forgotten");
 }

@@ -172,6 +172,7 @@ fn send(engine: &mut SessionEngine, settings: &SessionSettings, client: &mut Cli
     let turn = TurnRequest {
         request: &request,
         transparent: true,
+        request_key: None,
         operation_id: OperationId::from_request("test", &client.calls.to_le_bytes()),
         head: Map::new(),
         now_ms: client.now_ms,

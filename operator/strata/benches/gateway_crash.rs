@@ -5,7 +5,8 @@
 //! Method: an in-process fake upstream answers each call with the recorded assistant message,
 //! after a random delay, streams paced event by event. The client plays seed 003's session and the
 //! long sessions of `../shared/corpus/long-sessions`, call by call: in Transparent mode the whole
-//! history on every call, in Stateful mode only the new messages with a session header. Each
+//! history on every call, in Stateful mode only the new messages with a session header and an
+//! `Idempotency-Key` per call (the same on its retries). Each
 //! session first runs once without kills (the reference): after every call the journal's current
 //! generation is read from disk and its entries fingerprinted (kind, role, content hash). Then the
 //! session runs again on a fresh volume while a killer sends SIGKILL at a random moment of a random
@@ -470,7 +471,7 @@ impl Runner {
     async fn attempt(
         &mut self,
         gateway: &mut GatewayProcess,
-        body: &Value,
+        (body, call): (&Value, usize),
         mode: Mode,
         kill_after: Option<Duration>,
         compacting: bool,
@@ -481,7 +482,10 @@ impl Runner {
         let work_stage = Arc::clone(&stage);
         let mut request = client.post(url).json(body);
         if mode == Mode::Stateful {
-            request = request.header("x-strata-session", "crash-suite");
+            // One key per call, the same on every retry of it: the gateway journals the turn once.
+            request = request
+                .header("x-strata-session", "crash-suite")
+                .header("idempotency-key", format!("call-{call}"));
         }
         let idle = Duration::from_millis(self.rng.below(10));
         let streamed = body["stream"] == json!(true);
@@ -547,7 +551,7 @@ impl Runner {
         for (index, call) in session.calls(mode).into_iter().enumerate() {
             self.script(session, call);
             let body = session.body(call, mode, index % 2 == 1);
-            match self.attempt(&mut gateway, &body, mode, None, false).await {
+            match self.attempt(&mut gateway, (&body, call), mode, None, false).await {
                 Attempt::Answered => {}
                 Attempt::Failed(error) => return Err(format!("reference call {call}: {error}")),
                 Attempt::Killed(_) => unreachable!("the reference is never killed"),
@@ -602,7 +606,7 @@ impl Runner {
                     let within = self.typical_call + Duration::from_millis(10);
                     self.delay(within)
                 });
-                match self.attempt(&mut gateway, &body, mode, kill_after, compacts).await {
+                match self.attempt(&mut gateway, (&body, call), mode, kill_after, compacts).await {
                     Attempt::Answered => {
                         self.tally.calls_served += 1;
                         if after_kill {

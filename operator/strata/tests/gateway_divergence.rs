@@ -218,3 +218,35 @@ async fn anthropic_edits_and_parallel_tool_calls_stay_protocol_valid() {
     assert!(messages[0]["content"][0]["text"].as_str().unwrap().ends_with("Only list"), "{last}");
     assert_all_valid(&fake, Api::Anthropic);
 }
+
+/// A stateful client that resends a turn with its `Idempotency-Key` (its answer was cut off on the
+/// way) gets the turn journaled once: the upstream sees the turn once and never the lost answer.
+/// The same key with other messages is refused with a 422 in the provider's shape, and journals
+/// nothing.
+#[tokio::test]
+async fn a_stateful_turn_resent_with_its_idempotency_key_is_journaled_once() {
+    let fake = FakeUpstream::start().await;
+    fake.script(["a.txt and b.txt", "lost on the way", "a.txt says hello"].map(|t| Reply::Text(t.into())));
+    let gateway = Harness::start(&fake, Provider::OpenAI, |_| {}).await;
+    let keyed = |key| [("x-strata-session", "main"), ("idempotency-key", key)];
+    let turn = |text| json!({"messages": [user(text)]});
+    let (status, _) = gateway.post_json(CHAT, &turn("List the files"), &keyed("turn-1")).await;
+    assert_eq!(status, 200);
+    let (status, _) = gateway.post_json(CHAT, &turn("Now read a.txt"), &keyed("turn-2")).await;
+    assert_eq!(status, 200);
+    let (status, answer) = gateway.post_json(CHAT, &turn("Now read a.txt"), &keyed("turn-2")).await;
+    assert_eq!(status, 200, "{answer}");
+    assert_eq!(answer["choices"][0]["message"]["content"], "a.txt says hello");
+    assert_eq!(
+        conversation(&fake.last()),
+        pairs(&[("user", "List the files"), ("assistant", "a.txt and b.txt"), ("user", "Now read a.txt")])
+    );
+    let (status, refused) = gateway.post_json(CHAT, &turn("Delete a.txt"), &keyed("turn-2")).await;
+    assert_eq!(status, 422, "{refused}");
+    assert_eq!(refused["error"]["type"], "invalid_request_error");
+    assert!(refused["error"]["message"].as_str().unwrap().contains("send a fresh key"), "{refused}");
+    let entries = gateway.entries().await;
+    assert_eq!(entries.len(), 4, "two turns and their answers, nothing twice: {entries:?}");
+    assert_eq!(fake.seen().len(), 3, "the refused request never went upstream");
+    assert_all_valid(&fake, Api::OpenAi);
+}

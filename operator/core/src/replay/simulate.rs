@@ -540,6 +540,7 @@ pub(crate) fn replay_strata_with(
         let turn = TurnRequest {
             request: &request,
             transparent: true,
+            request_key: None,
             operation_id: OperationId::from_request(
                 "replay",
                 format!("{}#{call}", transcript.name).as_bytes(),

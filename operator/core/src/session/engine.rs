@@ -45,6 +45,7 @@ use super::render::fragments::FragmentCache;
 use super::render::ledger::CallLedger;
 use super::render::tier1::Tier1Json;
 use super::render::{anthropic as render_anthropic, openai as render_openai};
+use super::request_keys::{KeyRefusal, KeyedPlacement, RequestKeys};
 use super::revocation::{DERIVED_FILE, DerivedState};
 use super::settings::SessionSettings;
 use super::state::{CorruptState, StateDir};
@@ -120,6 +121,9 @@ pub enum EngineError {
     /// The transparent-session index failed.
     #[error(transparent)]
     Index(#[from] IndexError),
+    /// The request's idempotency key cannot be honoured.
+    #[error(transparent)]
+    RequestKey(#[from] KeyRefusal),
     /// Appended entries could not be made durable.
     #[error("journal fsync failed: {0}")]
     Durability(String),
@@ -136,7 +140,7 @@ pub enum EngineError {
 impl EngineError {
     /// Whether the client caused the error (a bad system prompt or tool list).
     pub fn is_client_error(&self) -> bool {
-        matches!(self, EngineError::Prefix(_) | EngineError::ToolOrder(_))
+        matches!(self, EngineError::Prefix(_) | EngineError::ToolOrder(_) | EngineError::RequestKey(_))
     }
 }
 
@@ -220,6 +224,9 @@ pub struct TurnRequest<'a> {
     /// Whether the client resends its whole history (new turns are found by chain hash) rather
     /// than only the new messages (a stateful session).
     pub transparent: bool,
+    /// A stateful client's `Idempotency-Key`: the same key with the same messages again replaces
+    /// the earlier attempt instead of journaling the turn twice (see [`crate::session::request_keys`]).
+    pub request_key: Option<&'a str>,
     /// The operation, for admission and resume.
     pub operation_id: OperationId,
     /// The upstream body's leading fields (model, parameters, cache hints).
@@ -386,6 +393,8 @@ pub struct SessionEngine {
     prefix_inputs: Option<[u8; 32]>,
     tier1: Tier1Json,
     transparent: TransparentIndex,
+    request_keys: RequestKeys,
+    keys_unsynced: bool,
     dedup: DedupIndex,
     ledger: CallLedger,
     fragments: FragmentCache,
@@ -480,12 +489,13 @@ impl SessionEngine {
     ) -> Result<Self, EngineError> {
         let state = StateDir::on_disk(Arc::clone(&storage), data_dir.join("gateway"))?;
         let transparent = TransparentIndex::load(&data_dir.join("gateway").join("transparent-prefixes"))?;
+        let request_keys = RequestKeys::load(&data_dir.join("gateway").join("request-keys"))?;
         let options = JournalOptions {
             sync_policy: SyncPolicy::Batched { max_pending: 0 },
             retain_generations: settings.retain_generations,
             ..JournalOptions::new("strata gateway", now_ms)
         };
-        Self::start(storage, data_dir, options, state, transparent, settings)
+        Self::start(storage, data_dir, options, state, (transparent, request_keys), settings)
     }
 
     /// A session on an in-memory volume: nothing touches the disk (replay).
@@ -499,7 +509,7 @@ impl SessionEngine {
             Path::new("/data"),
             options,
             StateDir::in_memory(),
-            TransparentIndex::in_memory(),
+            (TransparentIndex::in_memory(), RequestKeys::in_memory()),
             settings,
         )
     }
@@ -509,13 +519,14 @@ impl SessionEngine {
         data_dir: &Path,
         options: JournalOptions,
         state: StateDir,
-        transparent: TransparentIndex,
+        indexes: (TransparentIndex, RequestKeys),
         settings: &SessionSettings,
     ) -> Result<Self, EngineError> {
         let opened_at_ms = options.now_ms;
         let (journal, report) = Journal::open(Arc::clone(&storage), data_dir, options)?;
-        let mut transparent = transparent;
+        let (mut transparent, mut request_keys) = indexes;
         transparent.forget_unissued(journal.next_entry_number())?;
+        request_keys.forget_unissued(journal.next_entry_number())?;
         let torn_record = report.truncated.as_ref().map(|torn| (torn.path.clone(), torn.bytes));
         let store = Arc::new(ArtifactStore::new(Arc::clone(&storage), data_dir.join("artifacts")));
         let mut corrupt = Vec::new();
@@ -554,6 +565,8 @@ impl SessionEngine {
             prefix_inputs: None,
             tier1: Tier1Json::default(),
             transparent,
+            request_keys,
+            keys_unsynced: false,
             dedup: DedupIndex::with_enabled(settings.deduplicate),
             ledger: CallLedger::default(),
             fragments: FragmentCache::default(),
@@ -975,12 +988,8 @@ impl SessionEngine {
     fn place_turns(
         &mut self,
         turns: &[Turn],
-        transparent: bool,
         now_ms: u64,
     ) -> Result<(usize, Vec<ChainHash>, Option<Rewind>), EngineError> {
-        if !transparent {
-            return Ok((0, Vec::new(), None));
-        }
         let (chains, first_known) = self.transparent.split(turns);
         let (keep, first_new, dropped) =
             match self.transparent.locate(&chains, first_known, self.journal.entries()) {
@@ -1027,6 +1036,53 @@ impl SessionEngine {
         ))
     }
 
+    /// Where a stateful request's messages go: all of them are new, unless its idempotency key
+    /// names the latest keyed turn with the same messages. Then the earlier attempt's messages are
+    /// already journaled: when nothing followed them (the answer was lost) or a compaction folded
+    /// them, nothing is journaled again; when entries the client never saw followed them (an
+    /// answer cut off on its way), the journal is rewound to just before the attempt and the
+    /// messages journaled afresh.
+    fn place_keyed(
+        &mut self,
+        request_key: Option<&str>,
+        turns: &[Turn],
+        now_ms: u64,
+    ) -> Result<(usize, Vec<ChainHash>, Option<Rewind>), EngineError> {
+        let Some(key) = request_key else { return Ok((0, Vec::new(), None)) };
+        let KeyedPlacement::Retry(attempt) = self.request_keys.place(key, turns)? else {
+            return Ok((0, Vec::new(), None));
+        };
+        let entries = self.journal.entries();
+        let Some(position) = entries.iter().position(|entry| entry.id == attempt.first_entry) else {
+            // Journaled, then folded into a summary (or dropped by a rollback): not again.
+            return Ok((turns.len(), Vec::new(), None));
+        };
+        if entries.len() == position + turns.len() {
+            return Ok((turns.len(), Vec::new(), None));
+        }
+        let dropped = entries.len() - position;
+        let reason =
+            format!("the client retried a turn with the same Idempotency-Key: {dropped} entries dropped");
+        let switch = self.journal.fork(position, &reason, now_ms)?;
+        self.after_rewrite()?;
+        let rewind = Rewind {
+            cause: RewindCause::Retry,
+            kept_entries: position as u64,
+            dropped_entries: dropped as u64,
+            generation: switch.to_generation,
+        };
+        Ok((0, Vec::new(), Some(rewind)))
+    }
+
+    /// Remembers a stateful turn's idempotency key with its first entry (durable with the next
+    /// group commit).
+    fn remember_key(&mut self, key: &str, turns: &[Turn], first_entry: EntryId) -> Result<(), EngineError> {
+        self.request_keys.remember(key, turns, first_entry)?;
+        self.keys_unsynced = true;
+        self.appended_seq += 1;
+        Ok(())
+    }
+
     /// Remembers transparent-session chain values, each with the journal entry holding its turn,
     /// once their turns are journaled (durable with the next group commit).
     fn remember_chain(&mut self, chains: &[(ChainHash, EntryId)]) -> Result<(), EngineError> {
@@ -1047,6 +1103,11 @@ impl SessionEngine {
         let mut paths = vec![self.journal.log_path()];
         if std::mem::take(&mut self.index_unsynced)
             && let Some(path) = self.transparent.path()
+        {
+            paths.push(path.to_owned());
+        }
+        if std::mem::take(&mut self.keys_unsynced)
+            && let Some(path) = self.request_keys.path()
         {
             paths.push(path.to_owned());
         }
@@ -1595,7 +1656,7 @@ impl SessionEngine {
         settings: &SessionSettings,
         turn: TurnRequest<'_>,
     ) -> Result<TurnOutcome, EngineError> {
-        let TurnRequest { request, transparent, operation_id, head, now_ms } = turn;
+        let TurnRequest { request, transparent, request_key, operation_id, head, now_ms } = turn;
         if self.tenant != settings.tenant {
             self.tenant.clone_from(&settings.tenant);
         }
@@ -1605,7 +1666,11 @@ impl SessionEngine {
         self.refresh(settings, false)?;
         self.rank_tools(settings, latest_user_text(&request.turns))?;
         self.prepare_prefix(settings, &request.system_text, &request.tools)?;
-        let (first_new, chains, rewind) = self.place_turns(&request.turns, transparent, now_ms)?;
+        let (first_new, chains, rewind) = if transparent {
+            self.place_turns(&request.turns, now_ms)?
+        } else {
+            self.place_keyed(request_key, &request.turns, now_ms)?
+        };
         let mut drafted = Drafts::default();
         for turn in &request.turns[first_new..] {
             self.draft(settings, turn, now_ms, &mut drafted)?;
@@ -1635,15 +1700,29 @@ impl SessionEngine {
         // is not journaled (its unissued ID is forgotten at the next open, and the retry journals
         // it), never a journaled turn the index does not know (the retry would journal it twice).
         let next_number = self.journal.next_entry_number();
-        let expected: Vec<(ChainHash, EntryId)> = chains[first_new..]
+        let expected: Vec<(ChainHash, EntryId)> = chains
+            .get(first_new..)
+            .unwrap_or_default()
             .iter()
             .copied()
             .zip(drafts.iter().zip(next_number..).map(|(draft, number)| EntryId::new(draft.kind, number)))
             .collect();
         self.remember_chain(&expected)?;
+        let keyed = request_key.filter(|_| !transparent);
+        if let Some(key) = keyed
+            && let Some(first) = drafts.first()
+        {
+            self.remember_key(key, &request.turns, EntryId::new(first.kind, next_number))?;
+        }
         let (deduplicated, ids) = self.append(drafts)?;
+        if let (Some(key), Some(first)) = (keyed, ids.first())
+            && first.number() != next_number
+        {
+            self.remember_key(key, &request.turns, *first)?;
+        }
         let spilled_outputs = offloaded.len() as u64;
-        let journaled: Vec<(ChainHash, EntryId)> = chains[first_new..].iter().copied().zip(ids).collect();
+        let journaled: Vec<(ChainHash, EntryId)> =
+            chains.get(first_new..).unwrap_or_default().iter().copied().zip(ids).collect();
         if journaled != expected {
             self.remember_chain(&journaled)?;
         }

@@ -15,6 +15,7 @@ pub mod memory_tools;
 pub mod openai_messages;
 pub mod protocol;
 pub mod render;
+pub mod request_keys;
 mod revocation;
 pub mod settings;
 mod state;

@@ -260,6 +260,7 @@ mod tests {
         let request = TurnRequest {
             request: &chat,
             transparent: false,
+            request_key: None,
             operation_id: OperationId::from_request("test", &now_ms.to_le_bytes()),
             head: Map::new(),
             now_ms,

@@ -92,6 +92,13 @@ pub fn chain(previous: &ChainHash, turn: &Turn) -> ChainHash {
     hasher.finalize().into()
 }
 
+impl IndexError {
+    /// `cause` while reading or writing the file at `path`.
+    pub fn new(path: &Path, cause: std::io::Error) -> Self {
+        Self { path: path.to_owned(), cause }
+    }
+}
+
 impl TransparentIndex {
     /// An index kept in memory only (replay).
     pub fn in_memory() -> Self {

@@ -7,6 +7,7 @@ use serde_json::Value;
 use strata_core::budget::BudgetExceeded;
 
 use strata_core::session::EngineError;
+use strata_core::session::request_keys::KeyRefusal;
 use strata_core::session::turn::Api;
 
 /// A request the gateway could not serve.
@@ -107,6 +108,9 @@ impl GatewayError {
             | GatewayError::UpstreamTooLarge { .. }
             | GatewayError::MemoryLoop { .. } => StatusCode::BAD_GATEWAY,
             GatewayError::UpstreamStatus { status, .. } => *status,
+            GatewayError::Engine(EngineError::RequestKey(
+                KeyRefusal::Reused { .. } | KeyRefusal::NotLatest { .. },
+            )) => StatusCode::UNPROCESSABLE_ENTITY,
             GatewayError::Engine(error) if error.is_client_error() => StatusCode::BAD_REQUEST,
             GatewayError::Engine(_) => StatusCode::INTERNAL_SERVER_ERROR,
             GatewayError::EngineUnavailable { .. } => StatusCode::SERVICE_UNAVAILABLE,
@@ -150,7 +154,12 @@ impl GatewayError {
             response.headers_mut().extend(*headers);
             return response;
         }
-        if matches!(self, GatewayError::Engine(_) | GatewayError::EngineUnavailable { .. }) {
+        let internal = match &self {
+            GatewayError::Engine(error) => !error.is_client_error(),
+            GatewayError::EngineUnavailable { .. } => true,
+            _ => false,
+        };
+        if internal {
             tracing::error!(error = %self, "request failed");
         }
         let mut response = json_response(self.status(), &self.body(api));

@@ -23,6 +23,7 @@ use futures::StreamExt;
 use serde_json::{Map, Value};
 use strata_api::agent::SessionMode;
 use strata_core::budget::{BudgetLevel, MaxTokensClamp, OperationId};
+use strata_core::session::request_keys::KeyRefusal;
 use strata_core::session::tool_schema::is_memory_tool;
 use strata_core::session::transparent::ChainHash;
 use strata_core::session::{
@@ -47,6 +48,10 @@ pub const MAX_ROUNDS: usize = 8;
 
 /// The header naming a stateful session.
 pub const SESSION_HEADER: &str = "x-strata-session";
+
+/// A stateful client's key for one turn: sent again with a retry, it keeps the turn from being
+/// journaled twice (ignored in transparent sessions, whose history identifies every turn).
+pub const IDEMPOTENCY_KEY_HEADER: &str = "idempotency-key";
 
 /// The response header reporting that the client's max_tokens was lowered to the output reserve:
 /// `requested=64000, applied=8192`.
@@ -172,6 +177,12 @@ async fn prepare(
         )));
     }
     let transparent = !has_session;
+    let request_key = match headers.get(IDEMPOTENCY_KEY_HEADER).filter(|_| !transparent) {
+        Some(value) => {
+            Some(value.to_str().map_err(|_| GatewayError::Engine(KeyRefusal::Malformed.into()))?.to_owned())
+        }
+        None => None,
+    };
     let operation_id = OperationId::from_request(adapter.name(), body);
     let mut record = RequestRecord {
         operation_id: operation_id.to_string(),
@@ -193,6 +204,7 @@ async fn prepare(
             let turn = TurnRequest {
                 request: &request,
                 transparent,
+                request_key: request_key.as_deref(),
                 operation_id: operation,
                 head: work_head,
                 now_ms: now_ms(),
