@@ -3,7 +3,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use k8s_openapi::api::core::v1::{ConfigMap, Event as CoreEvent, Namespace, Pod};
+use k8s_openapi::api::core::v1::{ConfigMap, Event as CoreEvent, Namespace};
 use k8s_openapi::jiff::Timestamp;
 use kube::Client;
 use kube::core::PartialObjectMeta;
@@ -12,6 +12,7 @@ use kube::runtime::reflector::Store;
 use strata_api::{Agent, ClusterContextPolicy, CompactionJob, ContextPolicy};
 use strata_core::cache_key::MasterKey;
 
+use crate::controller::agent_pods::PodIndex;
 use crate::controller::child_index::ChildIndex;
 use crate::controller::compaction::turn::AgentLocks;
 use crate::controller::error::{Error, Result};
@@ -68,8 +69,8 @@ pub struct Caches {
     pub compaction_jobs: Store<CompactionJob>,
     /// Children by Agent, from metadata-only watches.
     pub children: ChildIndex,
-    /// Agent pods, trimmed to phase, readiness, node and the gateway's termination messages.
-    pub pods: Store<Pod>,
+    /// Agent pods, reduced to phase, readiness, node and the gateway's refusal message.
+    pub pods: PodIndex,
     /// FailedMount events of pods, trimmed to the pod and the message.
     pub mount_failures: Store<CoreEvent>,
     /// Names and resourceVersions of the ConfigMaps Strata does not manage.
@@ -85,11 +86,13 @@ impl Caches {
         ready(&self.cluster_policies, wait, "ClusterContextPolicy").await?;
         ready(&self.namespaces, wait, "Namespace").await?;
         ready(&self.compaction_jobs, wait, "CompactionJob").await?;
-        ready(&self.pods, wait, "Pod").await?;
         ready(&self.mount_failures, wait, "Event").await?;
         ready(&self.config_maps, wait, "ConfigMap").await?;
         if !self.children.is_synced() {
             return Err(Error::CacheNotReady("children"));
+        }
+        if !self.pods.is_synced() {
+            return Err(Error::CacheNotReady("Pod"));
         }
         Ok(())
     }

@@ -9,7 +9,7 @@ use std::fmt::Debug;
 use std::future::Future;
 use std::sync::Arc;
 
-use futures::StreamExt;
+use futures::{StreamExt, TryStreamExt};
 use k8s_openapi::NamespaceResourceScope;
 use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::api::batch::v1::Job;
@@ -25,7 +25,7 @@ use serde::de::DeserializeOwned;
 use strata_api::{Agent, ClusterContextPolicy, CompactionJob, ContextPolicy};
 use strata_core::cache_key::MasterKey;
 
-use crate::controller::agent_pods::{self, agent_pod_selector};
+use crate::controller::agent_pods::{self, PodIndex, agent_pod_selector};
 use crate::controller::child_index::{ChildIndex, ChildKind};
 use crate::controller::context::{Caches, Context, Settings, system_clock};
 use crate::controller::error::{Error, settle_namespace_terminating};
@@ -144,12 +144,12 @@ pub async fn run_controllers<S>(
     )
     .touched_objects();
 
-    let (pods, pods_writer) = reflector::store::<Pod>();
+    let pods = PodIndex::default();
+    let pod_index = pods.clone();
     let pod_triggers =
         watcher(Api::<Pod>::all(client.clone()), watcher::Config::default().labels(&agent_pod_selector()))
             .default_backoff()
-            .modify(agent_pods::trim_pod)
-            .reflect(pods_writer)
+            .inspect_ok(move |event| pod_index.apply_event(event))
             .touched_objects()
             .predicate_filter(agent_pods::pod_fingerprint, PredicateConfig::default());
     let (mount_failures, mount_failures_writer) = reflector::store::<CoreEvent>();

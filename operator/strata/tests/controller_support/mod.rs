@@ -16,6 +16,7 @@ use kube::runtime::watcher;
 use serde::de::DeserializeOwned;
 use serde_json::{Value, json};
 use strata::controller::agent::dereference::{AgentInputs, Fetched, NamespaceInfo, PolicyLookup};
+use strata::controller::agent_pods::PodIndex;
 use strata::controller::child_index::ChildIndex;
 use strata::controller::context::{Caches, Context, Settings};
 use strata::controller::metrics::Metrics;
@@ -200,17 +201,17 @@ pub fn fleet_caches(compaction_jobs: Vec<CompactionJob>, context_policies_presen
         namespaces: filled_store(vec![namespace_meta()]),
         compaction_jobs: filled_store(compaction_jobs),
         children: ChildIndex::new_synced(),
-        pods: filled_store(Vec::new()),
+        pods: PodIndex::new_synced(),
         mount_failures: filled_store(Vec::new()),
         config_maps: filled_store(config_map_metas()),
     }
 }
 
-/// `caches` with the pod cache holding exactly `pod` (as JSON), trimmed as the watch trims it.
+/// `caches` with the pod index holding exactly `pod` (as JSON), as the watch records it.
 pub fn with_pod(mut caches: Caches, pod: Value) -> Caches {
-    let mut pod: Pod = serde_json::from_value(pod).unwrap();
-    strata::controller::agent_pods::trim_pod(&mut pod);
-    caches.pods = filled_store(vec![pod]);
+    let pod: Pod = serde_json::from_value(pod).unwrap();
+    caches.pods = PodIndex::new_synced();
+    caches.pods.insert(&pod);
     caches
 }
 
