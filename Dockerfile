@@ -10,7 +10,7 @@ ARG RUST_VERSION=1.95
 
 # --- build: Alpine's Rust targets musl, so the binary is statically linked --------------------------
 FROM rust:${RUST_VERSION}-alpine AS build
-RUN apk add --no-cache musl-dev gcc
+RUN apk add --no-cache musl-dev gcc make
 WORKDIR /src
 COPY . .
 RUN --mount=type=cache,target=/usr/local/cargo/registry \

@@ -4,6 +4,14 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 
+/// jemalloc serves every allocation of every Strata process. The image links musl statically, whose
+/// allocator serialises threads; the glibc build used in development grows one arena per thread and
+/// keeps their free pages, so an always-on gateway's RSS drifted upwards (RELIABILITY.md, "Soak").
+/// jemalloc behaves the same in both builds and returns freed pages to the system after a short
+/// decay (tikv-jemallocator: the maintained binding TiKV ships with).
+#[global_allocator]
+static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
+
 /// Strata keeps always-on LLM agents inside their context windows.
 #[derive(Debug, Parser)]
 #[command(name = "strata", version, about)]
