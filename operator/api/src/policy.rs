@@ -327,7 +327,8 @@ pub struct VolumeSpec {
     pub artifacts: Option<KeepLimitsSpec>,
     /// Superseded journal generations (rollback targets; `compaction.retainGenerations` is the most
     /// kept). Age counts from when a newer generation replaced one. Defaults: 7 days, 256 MiB
-    /// (bytes include the live generation, which is never deleted).
+    /// (bytes include the live generation, which is never deleted: when it alone exceeds
+    /// maxBytes, the sweep compacts it).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub generations: Option<KeepLimitsSpec>,
     /// Compaction records beside the journal. Defaults: 30 days, 16 MiB.

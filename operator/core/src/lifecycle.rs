@@ -47,7 +47,8 @@ pub struct VolumeRetention {
     /// The artifact store: spilled outputs, elided/expired/deduplicated copies, archives.
     pub artifacts: KeepLimits,
     /// Superseded journal generations (rollback targets); at most `compaction.retainGenerations`
-    /// of them are kept in any case.
+    /// of them are kept in any case. A live generation that alone exceeds `maxBytes` is compacted
+    /// by the sweep.
     pub generations: KeepLimits,
     /// Compaction records (`compactions/*.json`).
     pub compaction_records: KeepLimits,

@@ -153,3 +153,52 @@ async fn spills_are_swept_oldest_first_while_live_and_kept_references_stay_reada
 fn report_total(report: &Value) -> u64 {
     report["kinds"].as_array().unwrap().iter().map(|k| k["filesSwept"].as_u64().unwrap()).sum()
 }
+
+/// A stateful conversation of `turns` user messages of about 1 KiB each, one request each.
+async fn chat_turns(gateway: &Harness, turns: usize) {
+    for turn in 0..turns {
+        let text = format!("Step {turn}: {}", "tell me more about the build ".repeat(36));
+        let body = json!({"messages": [{"role": "user", "content": text}]});
+        let (status, answer) = gateway.post_json(CHAT, &body, &[("x-strata-session", "main")]).await;
+        assert_eq!(status, 200, "{answer}");
+    }
+}
+
+/// The live generation is never deleted, so a journal whose context never reaches the token
+/// trigger could still outgrow the volume: over `generations.maxBytes` the sweep compacts it, the
+/// superseded generation is swept at once, and the metric and the report say so.
+#[tokio::test]
+async fn a_live_journal_over_its_byte_budget_is_compacted_by_the_sweep() {
+    let fake = FakeUpstream::start().await;
+    fake.script((0..30).map(|i| Reply::Text(format!("Noted step {i}; the build is still green."))));
+    let gateway = Harness::start_with(
+        &fake,
+        Provider::OpenAI,
+        |config| {
+            config.policy.volume.generations = KeepLimits { max_age_seconds: 86_400, max_bytes: 24 * 1024 }
+        },
+        |_| {},
+    )
+    .await;
+    chat_turns(&gateway, 30).await;
+    let before = gateway.get_json("/strata/v1/status").await["generation"].as_u64().unwrap();
+
+    let (status, report) = gateway.post_json("/strata/v1/sweep", &json!({}), &[]).await;
+    assert_eq!(status, 200, "{report}");
+    assert_eq!(report["liveGeneration"]["action"], "compacted", "{report}");
+    assert!(report["liveGeneration"]["overBudgetBytes"].as_u64().unwrap() > 0, "{report}");
+    assert_eq!(kind(&report, "generation")["overBudgetBytes"], 0, "back within budget: {report}");
+    assert!(report["removedGenerations"].as_array().unwrap().contains(&json!(before)), "{report}");
+    let after = gateway.get_json("/strata/v1/status").await["generation"].as_u64().unwrap();
+    assert!(after > before, "a compacted generation is live ({before} -> {after})");
+    let metrics = gateway.metrics().await;
+    assert!(
+        metrics.contains(r#"strata_gateway_live_generation_over_budget_total{action="compacted"} 1"#),
+        "{metrics}"
+    );
+
+    // The agent goes on from the compacted context, and a sweep within budget does nothing more.
+    chat_turns(&gateway, 1).await;
+    let (_, calm) = gateway.post_json("/strata/v1/sweep", &json!({}), &[]).await;
+    assert!(calm.get("liveGeneration").is_none(), "{calm}");
+}

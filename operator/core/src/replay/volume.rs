@@ -70,7 +70,7 @@ pub fn replay_volume(transcript: &Transcript, options: &ReplayOptions) -> Result
         |engine, now| {
             result.peak_bytes = result.peak_bytes.max(engine.volume_bytes()?);
             if now >= next_sweep || calls_done + 1 == times.len() {
-                let sweep = engine.sweep_volume(&retention, now)?;
+                let sweep = engine.maintain_volume(&options.strata, now)?;
                 result.sweeps += 1;
                 result.files_swept += sweep.files_swept();
                 result.bytes_swept += sweep.bytes_swept();

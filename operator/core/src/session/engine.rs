@@ -1870,7 +1870,7 @@ impl SessionEngine {
     /// journal was rewritten. A compaction that cannot run (nothing to compact, summary rejected)
     /// leaves the context as it was. With a model summariser in the host, a Budget compaction is
     /// asked of the host instead ([`SessionEngine::take_compaction_ask`]).
-    fn compact_in_process(
+    pub(super) fn compact_in_process(
         &mut self,
         settings: &SessionSettings,
         mode: CompactionMode,

@@ -32,5 +32,7 @@ pub use engine::{
 pub use inspect::{ContextEvent, EntryDetail};
 pub use settings::SessionSettings;
 pub use state::{CorruptState, StateDir};
-pub use sweep::{KindSweep, LifecycleLedger, SweepReport, volume_bytes};
+pub use sweep::{
+    KindSweep, LifecycleLedger, LiveGenerationAction, LiveGenerationBound, SweepReport, volume_bytes,
+};
 pub use turn::{Api, AssistantOutput, ChatRequest, Turn, Usage};

@@ -13,7 +13,9 @@ use std::path::{Path, PathBuf};
 use serde::{Deserialize, Serialize};
 
 use super::engine::{EngineError, SessionEngine};
+use super::settings::SessionSettings;
 use crate::artifacts::ArtifactError;
+use crate::compaction::CompactionMode;
 use crate::compaction::{PROPOSALS_DIR, RECORDS_DIR};
 use crate::journal::{Storage, generation_dir_name, read_generation};
 use crate::lifecycle::{
@@ -100,6 +102,35 @@ pub struct SweepReport {
     pub removed_generations: Vec<u64>,
     /// Generations kept for rollback.
     pub kept_generations: Vec<u64>,
+    /// What was done about a live generation that alone exceeded `generations.maxBytes` (absent
+    /// when it was within it).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub live_generation: Option<LiveGenerationBound>,
+}
+
+/// What [`SessionEngine::maintain_volume`] did about a live generation over its byte budget. The
+/// live generation is never deleted; only a compaction makes it smaller.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct LiveGenerationBound {
+    /// How far the live generation alone was over `generations.maxBytes`.
+    pub over_budget_bytes: u64,
+    /// What was done.
+    pub action: LiveGenerationAction,
+}
+
+/// The remedy for a live generation over its byte budget.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum LiveGenerationAction {
+    /// Compacted in-process; the superseded generation was swept by bytes at once.
+    Compacted,
+    /// A Budget compaction was asked of the host's summariser model
+    /// ([`SessionEngine::take_compaction_ask`]); the next sweep deletes what it supersedes.
+    CompactionAsked,
+    /// The compaction could not make it smaller (nothing to compact, or the summary was
+    /// rejected): the volume policy's `generations.maxBytes` is too small for this agent.
+    NotCompacted,
 }
 
 impl SweepReport {
@@ -263,6 +294,41 @@ impl SessionEngine {
             }
         }
         self.state.write(LIFECYCLE_FILE, &self.lifecycle.ledger)?;
+        Ok(report)
+    }
+
+    /// The sweeper's run under the policy in force: [`SessionEngine::sweep_volume`] with
+    /// `settings.volume`, then, when the live generation alone exceeds `generations.maxBytes`
+    /// (a journal whose context stays small through elision and expiry, so the token trigger never
+    /// fires, still grows on disk), a Budget compaction: in-process and swept at once, or asked of
+    /// the host when it has a summariser model.
+    pub fn maintain_volume(
+        &mut self,
+        settings: &SessionSettings,
+        now_ms: u64,
+    ) -> Result<SweepReport, EngineError> {
+        let report = self.sweep_volume(&settings.volume, now_ms)?;
+        let over_budget_bytes = report
+            .kinds
+            .iter()
+            .find(|kind| kind.kind == SweepKind::Generation)
+            .map_or(0, |kind| kind.over_budget_bytes);
+        if over_budget_bytes == 0 {
+            return Ok(report);
+        }
+        let reason = format!(
+            "the live journal generation is {over_budget_bytes} bytes over the volume policy's generations.maxBytes ({} bytes)",
+            settings.volume.generations.max_bytes
+        );
+        let compacted = self.compact_in_process(settings, CompactionMode::Budget, &reason, now_ms)?;
+        let (mut report, action) = if compacted {
+            (self.sweep_volume(&settings.volume, now_ms)?, LiveGenerationAction::Compacted)
+        } else if settings.model_summarizer {
+            (report, LiveGenerationAction::CompactionAsked)
+        } else {
+            (report, LiveGenerationAction::NotCompacted)
+        };
+        report.live_generation = Some(LiveGenerationBound { over_budget_bytes, action });
         Ok(report)
     }
 
@@ -544,6 +610,68 @@ mod tests {
         // Stored again (the same output spilled anew), it reads back and is no longer "expired".
         engine.store().put(&tenant, b"an output nothing names any more").unwrap();
         assert!(engine.store().get(&tenant, &orphan).is_ok());
+    }
+
+    /// An engine whose live generation holds `turns` user/assistant pairs of about 1 KiB each.
+    fn engine_with_turns(settings: &SessionSettings, turns: usize) -> SessionEngine {
+        let mut engine = SessionEngine::in_memory(settings, 0).unwrap();
+        for turn in 0..turns {
+            let ask =
+                Content { text: format!("Question {turn}: {}", "why ".repeat(250)), ..Content::default() };
+            engine.append_own(settings, Role::User, ask, turn as u64).unwrap();
+            let answer =
+                Content { text: format!("Answer {turn}: {}", "because ".repeat(120)), ..Content::default() };
+            engine.append_own(settings, Role::Assistant, answer, turn as u64).unwrap();
+        }
+        engine
+    }
+
+    fn live_bytes(engine: &SessionEngine) -> u64 {
+        let dir = engine.journal.dir().join(generation_dir_name(engine.journal.generation()));
+        dir_bytes(engine.storage.as_ref(), &dir).unwrap()
+    }
+
+    /// A live generation over `generations.maxBytes` is never deleted, but it is compacted: the
+    /// journal the token trigger never compacts (its context stays small) cannot fill the volume.
+    #[test]
+    fn a_live_generation_over_its_byte_budget_is_compacted_and_the_old_one_swept() {
+        let mut settings = SessionSettings::defaults(Api::OpenAi, 200_000);
+        let mut engine = engine_with_turns(&settings, 40);
+        let before = live_bytes(&engine);
+        settings.volume.generations.max_bytes = before / 2;
+        let report = engine.maintain_volume(&settings, HOUR_MS).unwrap();
+        let bound = report.live_generation.expect("the live generation was over its budget");
+        assert_eq!(bound.action, LiveGenerationAction::Compacted, "{report:?}");
+        assert_eq!(bound.over_budget_bytes, before - before / 2);
+        assert_eq!(engine.journal.generation(), 2, "a compacted generation is live");
+        assert_eq!(report.removed_generations, [1], "the superseded one went at once, by bytes");
+        assert!(live_bytes(&engine) < before / 2, "{} of {before} bytes", live_bytes(&engine));
+
+        let calm = engine.maintain_volume(&settings, 2 * HOUR_MS).unwrap();
+        assert_eq!(calm.live_generation, None, "within budget now: nothing more to do");
+        assert_eq!(engine.journal.generation(), 2);
+    }
+
+    /// With a summariser model in the host, the compaction is asked of the host; with nothing the
+    /// compaction can remove, the sweep says the budget is too small instead of looping.
+    #[test]
+    fn an_oversized_live_generation_is_asked_of_the_model_or_reported_when_it_cannot_shrink() {
+        let mut settings = SessionSettings::defaults(Api::OpenAi, 200_000);
+        settings.model_summarizer = true;
+        let mut engine = engine_with_turns(&settings, 40);
+        settings.volume.generations.max_bytes = 1;
+        let report = engine.maintain_volume(&settings, HOUR_MS).unwrap();
+        assert_eq!(report.live_generation.map(|b| b.action), Some(LiveGenerationAction::CompactionAsked));
+        let ask = engine.take_compaction_ask().expect("asked of the host");
+        assert_eq!(ask.mode, CompactionMode::Budget);
+        assert!(ask.reason.contains("generations.maxBytes"), "{}", ask.reason);
+        assert_eq!(engine.journal.generation(), 1, "the host compacts, not the sweep");
+
+        settings.model_summarizer = false;
+        let mut single = engine_with_turns(&settings, 1);
+        let report = single.maintain_volume(&settings, HOUR_MS).unwrap();
+        assert_eq!(report.live_generation.map(|b| b.action), Some(LiveGenerationAction::NotCompacted));
+        assert_eq!(single.journal.generation(), 1);
     }
 
     #[test]

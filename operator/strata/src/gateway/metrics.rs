@@ -77,6 +77,8 @@ pub struct Metrics {
     pub swept_files: IntCounterVec,
     /// Bytes deleted by the artifact sweeper, by kind.
     pub swept_bytes: IntCounterVec,
+    /// Sweeps that found the live generation alone over `generations.maxBytes`, by what was done.
+    pub live_generation_over_budget: IntCounterVec,
     /// Sweeps that failed.
     pub sweep_failures: IntCounter,
     /// Bytes used under the data directory.
@@ -317,6 +319,12 @@ impl Metrics {
                 "strata_gateway_swept_bytes_total",
                 "Bytes deleted by the artifact sweeper under the volume retention policy, by kind",
                 &["kind"],
+            )?,
+            live_generation_over_budget: counter_vec(
+                &registry,
+                "strata_gateway_live_generation_over_budget_total",
+                "Sweeps that found the live journal generation alone over volume.generations.maxBytes, by action (compacted, compaction_asked, not_compacted)",
+                &["action"],
             )?,
             sweep_failures: counter(
                 &registry,

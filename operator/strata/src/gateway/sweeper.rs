@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use serde::Serialize;
 use strata_core::lifecycle::SweepKind;
-use strata_core::session::{SweepReport, now_ms};
+use strata_core::session::{LiveGenerationAction, SweepReport, now_ms};
 
 use super::errors::GatewayError;
 use super::pipeline::Gateway;
@@ -49,10 +49,18 @@ impl SweepLog {
 
 /// Sweeps the volume now under the policy in force.
 pub async fn sweep_now(gateway: &Gateway) -> Result<SweepReport, GatewayError> {
-    let retention = gateway.live.get().session.volume;
-    let outcome = gateway.with_engine(move |engine| engine.sweep_volume(&retention, now_ms())).await;
+    let live = gateway.live.get();
+    let outcome = gateway
+        .with_engine(move |engine| {
+            let report = engine.maintain_volume(&live.session, now_ms())?;
+            Ok((report, engine.take_compaction_ask()))
+        })
+        .await;
     match outcome {
-        Ok(report) => {
+        Ok((report, ask)) => {
+            if let Some(ask) = ask {
+                gateway.compactor.start(ask);
+            }
             record(gateway, &report);
             Ok(report)
         }
@@ -81,7 +89,7 @@ fn record(gateway: &Gateway, report: &SweepReport) {
                 "volume sweep deleted expired files"
             );
         }
-        if kind.over_budget_bytes > 0 {
+        if kind.over_budget_bytes > 0 && kind.kind != SweepKind::Generation {
             let what = match kind.kind {
                 SweepKind::Generation => "the live generation",
                 SweepKind::Artifact => "artifacts the live journal or a kept generation references",
@@ -94,6 +102,23 @@ fn record(gateway: &Gateway, report: &SweepReport) {
             );
         }
     }
+    if let Some(bound) = report.live_generation {
+        let outcome = match bound.action {
+            LiveGenerationAction::Compacted => "it was compacted and the superseded generation swept",
+            LiveGenerationAction::CompactionAsked => {
+                "a compaction with the summariser model was started; the next sweep deletes the superseded generation"
+            }
+            LiveGenerationAction::NotCompacted => {
+                "a compaction could not make it smaller: raise volume.generations.maxBytes for this agent"
+            }
+        };
+        gateway.metrics.live_generation_over_budget.with_label_values(&[action_label(bound.action)]).inc();
+        tracing::warn!(
+            over_budget_bytes = bound.over_budget_bytes,
+            action = action_label(bound.action),
+            "the live journal generation alone exceeds the volume policy's generations.maxBytes; {outcome}"
+        );
+    }
     if !report.removed_generations.is_empty() {
         tracing::info!(generations = ?report.removed_generations, "volume sweep removed superseded generations");
     }
@@ -104,6 +129,15 @@ fn record(gateway: &Gateway, report: &SweepReport) {
         status.last = Some(report.clone());
         status.last_error = None;
     });
+}
+
+/// Label value of `action` for metrics and logs.
+fn action_label(action: LiveGenerationAction) -> &'static str {
+    match action {
+        LiveGenerationAction::Compacted => "compacted",
+        LiveGenerationAction::CompactionAsked => "compaction_asked",
+        LiveGenerationAction::NotCompacted => "not_compacted",
+    }
 }
 
 /// Sweeps every `volume.sweepIntervalSeconds` of the policy in force (re-read before each wait).
