@@ -68,6 +68,9 @@ struct Args {
     /// Where the volumes go (default: the system's temp dir).
     #[arg(long)]
     dir: Option<PathBuf>,
+    /// Only the sessions with these names (default: seed 003 and every long session).
+    #[arg(long, value_delimiter = ',')]
+    sessions: Vec<String>,
     /// Ignored (cargo bench passes it).
     #[arg(long, hide = true)]
     bench: bool,
@@ -737,6 +740,15 @@ async fn main() {
             }
         })
         .collect();
+    let names: Vec<String> = sessions.iter().map(|session| session.name.clone()).collect();
+    let sessions: Vec<Session> = sessions
+        .into_iter()
+        .filter(|session| args.sessions.is_empty() || args.sessions.contains(&session.name))
+        .collect();
+    if sessions.is_empty() {
+        eprintln!("no session is named {:?}; the sessions are: {}", args.sessions, names.join(", "));
+        std::process::exit(2);
+    }
     let root = match &args.dir {
         Some(dir) => tempfile::tempdir_in(dir).unwrap(),
         None => tempfile::tempdir().unwrap(),
