@@ -607,7 +607,7 @@ fn a_keyed_retry_after_an_answer_the_client_never_saw_replaces_that_answer() {
         keyed_call(&mut engine, &settings, vec![user("Now read a.txt".into())], Some("k2"), Some("hello"))
             .unwrap()
             .expect("the earlier attempt is rewound");
-    assert_eq!((rewind.kept_entries, rewind.dropped_entries), (2, 2));
+    assert_eq!((rewind.kept_entries, rewind.dropped_entries), (3, 1), "the turn stays, its lost answer goes");
     assert_eq!(journal_texts(&engine), ["List the files", "a.txt", "Now read a.txt", "hello"]);
 }
 
@@ -656,4 +656,71 @@ fn a_key_remembered_but_never_journaled_is_forgotten_at_open() {
     std::fs::write(&keys, text).unwrap();
     let _engine = SessionEngine::open(dir.path(), &settings, 0).unwrap();
     assert_eq!(std::fs::read_to_string(&keys).unwrap().lines().count(), 1, "the unissued key is forgotten");
+}
+
+/// A compaction that ran between a keyed attempt and its retry (the answer the client never got
+/// left a tool call open, and the trigger compacted) is kept: the retry does not rewind across it,
+/// so nothing the summary covers is lost, and the turn is in the journal once.
+#[test]
+fn a_keyed_retry_after_a_compaction_keeps_the_summary_and_the_turn_once() {
+    let settings = SessionSettings::defaults(Api::OpenAi, 100_000);
+    let mut engine = SessionEngine::in_memory(&settings, 0).unwrap();
+    for step in 0..12 {
+        let text = format!("step {step}: {}", "lorem ipsum dolor sit amet ".repeat(150));
+        let key = format!("k{step}");
+        keyed_call(&mut engine, &settings, vec![user(text)], Some(&key), Some(&format!("done {step}")))
+            .unwrap();
+    }
+    let chat = request(vec![user("Now read a.txt".into())]);
+    let attempt = TurnRequest {
+        request: &chat,
+        transparent: false,
+        request_key: Some("last"),
+        operation_id: OperationId::from_request("test", b"last"),
+        head: Map::new(),
+        now_ms: 20,
+    };
+    let TurnOutcome::Admitted(admitted) = engine.begin_turn(&settings, attempt).unwrap() else {
+        panic!("blocked")
+    };
+    let call = ToolCall { call_id: "call_1".into(), name: "read_file".into(), arguments_json: "{}".into() };
+    let output = AssistantOutput { tool_calls: vec![call], ..AssistantOutput::default() };
+    engine.record_answer(&settings, &admitted.first_call, &output, 21).unwrap();
+    let record =
+        engine.compact(&settings, &CompactionAsk::new(CompactionMode::Budget, "test"), 22).unwrap().unwrap();
+    assert_ne!(record.result_generation, record.source_generation, "the compaction committed");
+    let summaries = |engine: &SessionEngine| {
+        engine.journal().entries().iter().filter(|entry| entry.id.kind() == EntryKind::Summary).count()
+    };
+    assert_eq!(summaries(&engine), 1);
+
+    let chat = request(vec![user("Now read a.txt".into())]);
+    let retry = TurnRequest {
+        request: &chat,
+        transparent: false,
+        request_key: Some("last"),
+        operation_id: OperationId::from_request("test", b"retry"),
+        head: Map::new(),
+        now_ms: 23,
+    };
+    let TurnOutcome::Admitted(admitted) = engine.begin_turn(&settings, retry).unwrap() else {
+        panic!("blocked")
+    };
+    let rewind = admitted.rewind.expect("the unseen tool call is dropped");
+    assert_eq!(rewind.dropped_entries, 1, "only the call the client never got: {rewind:?}");
+    let body: serde_json::Value = serde_json::from_slice(&admitted.first_call.body.to_vec()).unwrap();
+    check_request(Api::OpenAi, &body).unwrap();
+    assert_eq!(summaries(&engine), 1, "the retry kept the compaction: {:?}", journal_texts(&engine));
+    let turns = journal_texts(&engine).iter().filter(|text| text.as_str() == "Now read a.txt").count();
+    assert_eq!(turns, 1, "{:?}", journal_texts(&engine));
+    assert!(
+        engine.journal().entries().iter().all(|entry| entry.id.kind() != EntryKind::ToolCall),
+        "the tool call the client never got is gone"
+    );
+    let output = AssistantOutput { text: "a.txt says hello".into(), ..AssistantOutput::default() };
+    engine.record_answer(&settings, &admitted.first_call, &output, 24).unwrap();
+    let kinds: Vec<EntryKind> =
+        engine.journal().entries().iter().rev().take(4).map(|e| e.id.kind()).collect();
+    assert_eq!(kinds, [EntryKind::Message, EntryKind::Message, EntryKind::Summary, EntryKind::Message]);
+    assert_eq!(journal_texts(&engine).last().map(String::as_str), Some("a.txt says hello"));
 }

@@ -323,13 +323,20 @@ fn describe(actual: &[Fingerprint], expected: &[Fingerprint]) -> String {
             .map(|(k, r, h)| format!("{k:?}/{r:?}/{}", &h[..8]))
             .collect::<Vec<_>>()
     };
-    format!(
+    let mut text = format!(
         "{} entries vs {} expected; first difference at {first}: {:?} vs {:?}",
         actual.len(),
         expected.len(),
         show(actual),
         show(expected)
-    )
+    );
+    if std::env::var_os("STRATA_CRASH_SHOW_ENTRIES").is_some() {
+        let all = |list: &[Fingerprint]| {
+            list.iter().map(|(k, r, h)| format!("{k:?}/{r:?}/{}", &h[..8])).collect::<Vec<_>>().join(" ")
+        };
+        text.push_str(&format!("\n    found:    {}\n    expected: {}", all(actual), all(expected)));
+    }
+    text
 }
 
 impl Runner {

@@ -1038,10 +1038,9 @@ impl SessionEngine {
 
     /// Where a stateful request's messages go: all of them are new, unless its idempotency key
     /// names the latest keyed turn with the same messages. Then the earlier attempt's messages are
-    /// already journaled: when nothing followed them (the answer was lost) or a compaction folded
-    /// them, nothing is journaled again; when entries the client never saw followed them (an
-    /// answer cut off on its way), the journal is rewound to just before the attempt and the
-    /// messages journaled afresh.
+    /// already journaled, and never again: when entries the client never saw followed them (an
+    /// answer cut off on its way), the journal is rewound to just after them, keeping the summary
+    /// of a compaction that ran meanwhile.
     fn place_keyed(
         &mut self,
         request_key: Option<&str>,
@@ -1057,21 +1056,31 @@ impl SessionEngine {
             // Journaled, then folded into a summary (or dropped by a rollback): not again.
             return Ok((turns.len(), Vec::new(), None));
         };
-        if entries.len() == position + turns.len() {
+        // The client saw nothing journaled after the attempt's messages: that is the answer it
+        // never got, and it goes. A compaction that ran meanwhile stays: its summary and resume
+        // instruction stand after the attempt (placed before a call still waiting for its result)
+        // and cover what came before it, so a rewind past them would lose history.
+        let attempt_end = position + turns.len();
+        let keep = entries[position..]
+            .iter()
+            .rposition(|entry| entry.id.kind() == EntryKind::Summary)
+            .map_or(attempt_end, |summary| attempt_end.max(position + summary + 2))
+            .min(entries.len());
+        if keep == entries.len() {
             return Ok((turns.len(), Vec::new(), None));
         }
-        let dropped = entries.len() - position;
+        let dropped = entries.len() - keep;
         let reason =
             format!("the client retried a turn with the same Idempotency-Key: {dropped} entries dropped");
-        let switch = self.journal.fork(position, &reason, now_ms)?;
+        let switch = self.journal.fork(keep, &reason, now_ms)?;
         self.after_rewrite()?;
         let rewind = Rewind {
             cause: RewindCause::Retry,
-            kept_entries: position as u64,
+            kept_entries: keep as u64,
             dropped_entries: dropped as u64,
             generation: switch.to_generation,
         };
-        Ok((0, Vec::new(), Some(rewind)))
+        Ok((turns.len(), Vec::new(), Some(rewind)))
     }
 
     /// Remembers a stateful turn's idempotency key with its first entry (durable with the next
