@@ -16,7 +16,7 @@ use std::path::{Path, PathBuf};
 use sha2::{Digest, Sha256};
 
 use crate::entry::EntryId;
-use crate::session::transparent::{ChainHash, IndexError, chain};
+use crate::session::transparent::{ChainHash, IndexError, chain, replace_file};
 use crate::session::turn::Turn;
 
 /// Keys remembered at most; past twice as many lines the file is rewritten with the newest.
@@ -210,11 +210,7 @@ impl RequestKeys {
                 hex::encode(turn.digest)
             ));
         }
-        let tmp = path.with_extension("tmp");
-        let mut file = std::fs::File::create(&tmp).map_err(error)?;
-        file.write_all(text.as_bytes()).map_err(error)?;
-        file.sync_all().map_err(error)?;
-        std::fs::rename(&tmp, path).map_err(error)?;
+        replace_file(path, &text).map_err(error)?;
         self.lines = self.keys.len();
         Ok(())
     }

@@ -92,6 +92,20 @@ pub fn chain(previous: &ChainHash, turn: &Turn) -> ChainHash {
     hasher.finalize().into()
 }
 
+/// Replaces the file at `path` with `text` durably: a temporary file, synced, renamed over it, and
+/// the directory synced, so a crash leaves the old file or the whole new one.
+pub(crate) fn replace_file(path: &Path, text: &str) -> std::io::Result<()> {
+    let tmp = path.with_extension("tmp");
+    let mut file = std::fs::File::create(&tmp)?;
+    file.write_all(text.as_bytes())?;
+    file.sync_all()?;
+    std::fs::rename(&tmp, path)?;
+    match path.parent() {
+        Some(dir) if !dir.as_os_str().is_empty() => std::fs::File::open(dir)?.sync_all(),
+        _ => Ok(()),
+    }
+}
+
 impl IndexError {
     /// `cause` while reading or writing the file at `path`.
     pub fn new(path: &Path, cause: std::io::Error) -> Self {
@@ -268,11 +282,7 @@ impl TransparentIndex {
             }
             text.push('\n');
         }
-        let tmp = path.with_extension("tmp");
-        let mut file = std::fs::File::create(&tmp).map_err(error)?;
-        file.write_all(text.as_bytes()).map_err(error)?;
-        file.sync_all().map_err(error)?;
-        std::fs::rename(&tmp, path).map_err(error)
+        replace_file(path, &text).map_err(error)
     }
 
     /// How many chain values are known.
