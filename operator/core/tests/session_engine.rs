@@ -553,6 +553,18 @@ fn keyed_call(
     Ok(admitted.rewind)
 }
 
+/// A stateful request for `chat` with the key "last" (`label` names its operation).
+fn keyed_turn<'a>(chat: &'a ChatRequest, label: &str, now_ms: u64) -> TurnRequest<'a> {
+    TurnRequest {
+        request: chat,
+        transparent: false,
+        request_key: Some("last"),
+        operation_id: OperationId::from_request("test", label.as_bytes()),
+        head: Map::new(),
+        now_ms,
+    }
+}
+
 fn journal_texts(engine: &SessionEngine) -> Vec<String> {
     engine.journal().entries().iter().map(|entry| entry.content.text.clone()).collect()
 }
@@ -672,14 +684,7 @@ fn a_keyed_retry_after_a_compaction_keeps_the_summary_and_the_turn_once() {
             .unwrap();
     }
     let chat = request(vec![user("Now read a.txt".into())]);
-    let attempt = TurnRequest {
-        request: &chat,
-        transparent: false,
-        request_key: Some("last"),
-        operation_id: OperationId::from_request("test", b"last"),
-        head: Map::new(),
-        now_ms: 20,
-    };
+    let attempt = keyed_turn(&chat, "last", 20);
     let TurnOutcome::Admitted(admitted) = engine.begin_turn(&settings, attempt).unwrap() else {
         panic!("blocked")
     };
@@ -695,14 +700,7 @@ fn a_keyed_retry_after_a_compaction_keeps_the_summary_and_the_turn_once() {
     assert_eq!(summaries(&engine), 1);
 
     let chat = request(vec![user("Now read a.txt".into())]);
-    let retry = TurnRequest {
-        request: &chat,
-        transparent: false,
-        request_key: Some("last"),
-        operation_id: OperationId::from_request("test", b"retry"),
-        head: Map::new(),
-        now_ms: 23,
-    };
+    let retry = keyed_turn(&chat, "retry", 23);
     let TurnOutcome::Admitted(admitted) = engine.begin_turn(&settings, retry).unwrap() else {
         panic!("blocked")
     };
