@@ -122,7 +122,7 @@ impl TransparentIndex {
     /// Loads the index at `path` (absent means empty). Lines that are not 64 hex digits are a torn
     /// final write and are ignored.
     pub fn load(path: &Path) -> Result<Self, IndexError> {
-        let error = |cause| IndexError { path: path.to_owned(), cause };
+        let error = |cause| IndexError::new(path, cause);
         let mut known = HashMap::new();
         let mut holders = HashSet::new();
         match std::fs::read_to_string(path) {
@@ -221,7 +221,7 @@ impl TransparentIndex {
         if text.is_empty() {
             return Ok(false);
         }
-        let error = |cause| IndexError { path: path.clone(), cause };
+        let error = |cause| IndexError::new(path, cause);
         let mut file = std::fs::OpenOptions::new().create(true).append(true).open(path).map_err(error)?;
         file.write_all(text.as_bytes()).map_err(error)?;
         Ok(true)
@@ -272,7 +272,7 @@ impl TransparentIndex {
     /// crash leaves the old file or the whole new one.
     fn rewrite_file(&self) -> Result<(), IndexError> {
         let Some(path) = &self.path else { return Ok(()) };
-        let error = |cause| IndexError { path: path.clone(), cause };
+        let error = |cause| IndexError::new(path, cause);
         let mut text = String::new();
         for (value, entry) in &self.known {
             text.push_str(&hex::encode(value));

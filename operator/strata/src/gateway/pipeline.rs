@@ -177,12 +177,12 @@ async fn prepare(
         )));
     }
     let transparent = !has_session;
-    let request_key = match headers.get(IDEMPOTENCY_KEY_HEADER).filter(|_| !transparent) {
-        Some(value) => {
-            Some(value.to_str().map_err(|_| GatewayError::Engine(KeyRefusal::Malformed.into()))?.to_owned())
-        }
-        None => None,
-    };
+    let request_key = headers
+        .get(IDEMPOTENCY_KEY_HEADER)
+        .filter(|_| !transparent)
+        .map(|value| value.to_str().map(str::to_owned))
+        .transpose()
+        .map_err(|_| GatewayError::Engine(KeyRefusal::Malformed.into()))?;
     let operation_id = OperationId::from_request(adapter.name(), body);
     let mut record = RequestRecord {
         operation_id: operation_id.to_string(),
