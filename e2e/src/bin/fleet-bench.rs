@@ -3,6 +3,12 @@
 //! --bench N` runs, and reports: the time until every Agent has its StatefulSet and `status.prefix`,
 //! the controller's RSS, apiserver requests per reconcile while converging, and the writes of a quiet
 //! window longer than one resync. Prints one Markdown table row for BENCHMARKS.md.
+//!
+//! Before the fleet it measures the control plane's own write ceiling: server-side applies of
+//! small ConfigMaps, `CALIBRATION_IN_FLIGHT` at a time, with nothing else running. While the fleet
+//! converges it counts every write the apiserver served (its `apiserver_request_total`, all
+//! clients: the bench, the controller, the kube-controller-manager), so a converge time can be
+//! read against what this control plane can write at all.
 
 use std::collections::HashSet;
 use std::sync::{Arc, Mutex};
@@ -12,7 +18,7 @@ use futures::StreamExt;
 
 use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::api::core::v1::ConfigMap;
-use kube::api::PostParams;
+use kube::api::{Patch, PatchParams, PostParams};
 use kube::core::PartialObjectMeta;
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, Client};
@@ -26,6 +32,51 @@ const AGENTS_PER_NAMESPACE: usize = 100;
 const CREATES_IN_FLIGHT: usize = 32;
 /// How long the bench waits for convergence before it gives up and says how far the fleet got.
 const CONVERGE_LIMIT: Duration = Duration::from_secs(3600);
+/// Server-side applies in the control-plane calibration, and how many are in flight at once.
+const CALIBRATION_APPLIES: usize = 4000;
+const CALIBRATION_IN_FLIGHT: usize = 64;
+
+/// Writes the apiserver has served so far, from every client (its own `apiserver_request_total`;
+/// server-side applies are counted under the verb APPLY).
+async fn apiserver_writes(client: &Client) -> Result<f64, Box<dyn std::error::Error>> {
+    let request = http::Request::get("/metrics").body(Vec::new())?;
+    let text = client.request_text(request).await?;
+    Ok(["POST", "PUT", "PATCH", "APPLY", "DELETE"]
+        .iter()
+        .map(|verb| metric_sum(&text, "apiserver_request_total", &format!("verb=\"{verb}\"")))
+        .sum())
+}
+
+/// The control plane's write ceiling here: server-side applies of small ConfigMaps, many in
+/// flight, in a namespace of their own. Returns applies per second.
+async fn calibrate(client: &Client) -> Result<f64, Box<dyn std::error::Error>> {
+    let namespace = TempNamespace::create(client, "calibrate", &[]).await?;
+    let maps: Api<ConfigMap> = Api::namespaced(client.clone(), &namespace.name);
+    let params = PatchParams::apply("strata.dev/fleet-bench");
+    let started = Instant::now();
+    let applies = futures::stream::iter(0..CALIBRATION_APPLIES)
+        .map(|n| {
+            let maps = maps.clone();
+            let params = params.clone();
+            async move {
+                let name = format!("calibrate-{n:05}");
+                let body = serde_json::json!({
+                    "apiVersion": "v1", "kind": "ConfigMap",
+                    "metadata": {"name": name, "labels": {"strata.dev/bench": "calibration"}},
+                    "data": {"gateway.json": "{\"listen\":\"0.0.0.0:8080\",\"mode\":\"stateful\"}"},
+                });
+                maps.patch(&name, &params, &Patch::Apply(&body)).await.map(|_| ())
+            }
+        })
+        .buffer_unordered(CALIBRATION_IN_FLIGHT);
+    futures::pin_mut!(applies);
+    while let Some(result) = applies.next().await {
+        result?;
+    }
+    let rate = CALIBRATION_APPLIES as f64 / started.elapsed().as_secs_f64();
+    namespace.delete().await?;
+    Ok(rate)
+}
 
 fn rss_mib(pid: i32) -> f64 {
     std::fs::read_to_string(format!("/proc/{pid}/status"))
@@ -139,8 +190,16 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let mut template: Agent = serde_json::from_value(doc)?;
     template.spec.context_policy_ref = None;
 
+    let ceiling = calibrate(&client).await?;
+    eprintln!(
+        "control plane write ceiling: {ceiling:.0} server-side applies/s ({CALIBRATION_IN_FLIGHT} in flight)"
+    );
+    // Let the calibration namespace's deletion finish before the fleet starts.
+    tokio::time::sleep(Duration::from_secs(20)).await;
+
     let pid = controller_pid();
     let start_metrics = controller_metrics().await;
+    let writes_at_start = apiserver_writes(&client).await?;
     let progress = Arc::new(Mutex::new(Progress::default()));
     follow_fleet(&client, progress.clone());
     let started = Instant::now();
@@ -185,6 +244,11 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let per_reconcile = (requests(&converged_metrics) - requests(&start_metrics))
         / (reconciles(&converged_metrics) - reconciles(&start_metrics)).max(1.0);
     let rss_converged = rss_mib(pid);
+    let fleet_writes = apiserver_writes(&client).await? - writes_at_start;
+    eprintln!(
+        "the apiserver served {fleet_writes:.0} writes while the fleet converged ({:.0}/s; ceiling {ceiling:.0}/s)",
+        fleet_writes / converged.as_secs_f64()
+    );
 
     // Let the last watch events land, then watch a window longer than one resync.
     tokio::time::sleep(Duration::from_secs(10)).await;

@@ -288,6 +288,27 @@ pub fn default_answer(seen: &Seen) -> (u16, Value) {
     }
 }
 
+/// What the fake apiserver records of a request.
+pub async fn seen_of(request: Request<Body>) -> Seen {
+    let (parts, body) = request.into_parts();
+    let bytes = body.collect_bytes().await.unwrap();
+    Seen {
+        method: parts.method.to_string(),
+        path: parts.uri.path().to_string(),
+        query: parts.uri.query().unwrap_or_default().to_string(),
+        body: serde_json::from_slice(&bytes).unwrap_or(Value::Null),
+    }
+}
+
+/// The HTTP response for an answer of a [`Responder`].
+pub fn response_of((code, answer): (u16, Value)) -> Response<Body> {
+    Response::builder()
+        .status(StatusCode::from_u16(code).unwrap())
+        .header("content-type", "application/json")
+        .body(Body::from(serde_json::to_vec(&answer).unwrap()))
+        .unwrap()
+}
+
 impl FakeApiServer {
     /// A client wired to a fake apiserver that answers with `responder`, falling back to [`default_answer`].
     pub fn start(responder: Responder) -> (Client, FakeApiServer) {
@@ -297,22 +318,10 @@ impl FakeApiServer {
         let log = seen.clone();
         let task = tokio::spawn(async move {
             while let Some((request, send)) = handle.next_request().await {
-                let (parts, body) = request.into_parts();
-                let bytes = body.collect_bytes().await.unwrap();
-                let request = Seen {
-                    method: parts.method.to_string(),
-                    path: parts.uri.path().to_string(),
-                    query: parts.uri.query().unwrap_or_default().to_string(),
-                    body: serde_json::from_slice(&bytes).unwrap_or(Value::Null),
-                };
-                let (code, answer) = responder(&request).unwrap_or_else(|| default_answer(&request));
+                let request = seen_of(request).await;
+                let answer = responder(&request).unwrap_or_else(|| default_answer(&request));
                 log.lock().unwrap().push(request);
-                let response = Response::builder()
-                    .status(StatusCode::from_u16(code).unwrap())
-                    .header("content-type", "application/json")
-                    .body(Body::from(serde_json::to_vec(&answer).unwrap()))
-                    .unwrap();
-                send.send_response(response);
+                send.send_response(response_of(answer));
             }
         });
         (client, FakeApiServer { seen, task })
