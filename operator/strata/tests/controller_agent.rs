@@ -67,10 +67,10 @@ async fn first_pass_applies_every_child_then_writes_status() {
         [
             ("PATCH", "/api/v1/namespaces/rateright/serviceaccounts/builder"),
             ("PATCH", "/apis/rbac.authorization.k8s.io/v1/namespaces/rateright/roles/builder"),
-            ("PATCH", "/apis/rbac.authorization.k8s.io/v1/namespaces/rateright/rolebindings/builder"),
             ("PATCH", "/api/v1/namespaces/rateright/configmaps/builder-gateway"),
             ("PATCH", "/api/v1/namespaces/rateright/services/builder"),
             ("PATCH", "/apis/networking.k8s.io/v1/namespaces/rateright/networkpolicies/builder"),
+            ("PATCH", "/apis/rbac.authorization.k8s.io/v1/namespaces/rateright/rolebindings/builder"),
             ("PATCH", "/apis/apps/v1/namespaces/rateright/statefulsets/builder"),
             ("PATCH", "/apis/strata.dev/v1alpha1/namespaces/rateright/agents/builder/status"),
         ]
@@ -104,10 +104,11 @@ async fn first_pass_applies_every_child_then_writes_status() {
     );
 }
 
-/// The six supporting children are in flight together, unanswered, before the StatefulSet goes out;
-/// the StatefulSet follows once they are answered, then the status.
+/// The children that need no other are in flight together, unanswered, before the RoleBinding (the
+/// apiserver refuses it while its Role is missing) and the StatefulSet go out, together; then the
+/// status.
 #[tokio::test]
-async fn the_supporting_children_are_applied_together_and_the_stateful_set_after_them() {
+async fn the_children_are_applied_in_two_waves_then_the_status() {
     use std::time::Duration;
     let (service, mut handle) =
         tower_test::mock::pair::<http::Request<kube::client::Body>, http::Response<kube::client::Body>>();
@@ -116,51 +117,44 @@ async fn the_supporting_children_are_applied_together_and_the_stateful_set_after
         let ctx = ctx.clone();
         async move { run(&agent("builder"), &ctx).await }
     });
-    let mut next = async || {
+    let mut next_write = async || loop {
         let (request, send) = tokio::time::timeout(Duration::from_secs(10), handle.next_request())
             .await
-            .expect("the next request did not arrive")
+            .expect("the next request did not arrive while the earlier ones were unanswered")
             .expect("the client went away");
-        (seen_of(request).await, send)
-    };
-    let mut held = Vec::new();
-    while held.len() < 6 {
-        let (seen, send) = next().await;
-        if !seen.is_write() {
-            send.send_response(response_of(default_answer(&seen)));
-            continue;
+        let seen = seen_of(request).await;
+        if seen.is_write() {
+            return (seen, send);
         }
-        assert!(
-            !seen.path.contains("/statefulsets/"),
-            "the StatefulSet went out before every supporting child was applied: {}",
-            seen.path
-        );
-        held.push((seen, send));
-    }
-    let mut kinds: Vec<&str> =
-        held.iter().map(|(seen, _)| seen.path.split('/').nth_back(1).unwrap()).collect();
-    kinds.sort_unstable();
-    assert_eq!(
-        kinds,
-        ["configmaps", "networkpolicies", "rolebindings", "roles", "serviceaccounts", "services"]
-    );
-    for (seen, send) in held {
         send.send_response(response_of(default_answer(&seen)));
+    };
+    let kind_of = |seen: &Seen| seen.path.split('/').nth_back(1).unwrap().to_string();
+    for expected in [
+        vec!["configmaps", "networkpolicies", "roles", "serviceaccounts", "services"],
+        vec!["rolebindings", "statefulsets"],
+    ] {
+        let mut held = Vec::new();
+        while held.len() < expected.len() {
+            held.push(next_write().await);
+        }
+        let mut kinds: Vec<String> = held.iter().map(|(seen, _)| kind_of(seen)).collect();
+        kinds.sort_unstable();
+        assert_eq!(kinds, expected);
+        for (seen, send) in held {
+            send.send_response(response_of(default_answer(&seen)));
+        }
     }
-    let (stateful_set, send) = next().await;
-    assert_eq!(stateful_set.path, "/apis/apps/v1/namespaces/rateright/statefulsets/builder");
-    send.send_response(response_of(default_answer(&stateful_set)));
-    let (status, send) = next().await;
+    let (status, send) = next_write().await;
     assert_eq!(status.path, "/apis/strata.dev/v1alpha1/namespaces/rateright/agents/builder/status");
     send.send_response(response_of(default_answer(&status)));
     let report = reconcile.await.unwrap().unwrap();
     assert_eq!(report.applied, 7);
 }
 
-/// A supporting child that fails holds the StatefulSet back, but the children applied beside it are
-/// recorded: the retry applies only what is still missing.
+/// A child of the first wave that fails holds the second wave back, but the children applied beside
+/// it are recorded: the retry applies only what is still missing.
 #[tokio::test]
-async fn a_failed_supporting_apply_holds_back_the_stateful_set_and_keeps_the_others() {
+async fn a_failed_first_wave_apply_holds_back_the_second_and_keeps_the_others() {
     let failing = Arc::new(std::sync::atomic::AtomicBool::new(true));
     let fail = failing.clone();
     let (client, server) = FakeApiServer::start(Box::new(move |seen| {
@@ -172,21 +166,24 @@ async fn a_failed_supporting_apply_holds_back_the_stateful_set_and_keeps_the_oth
     let ctx = context(client, fleet_caches(Vec::new(), true));
     run(&agent("builder"), &ctx).await.unwrap_err();
     let written: Vec<String> = server.writes().iter().map(|w| w.path.clone()).collect();
-    assert_eq!(written.len(), 6, "{written:?}");
+    assert_eq!(written.len(), 5, "{written:?}");
     assert!(
-        !written.iter().any(|path| path.contains("/statefulsets/") || path.ends_with("/status")),
+        !written.iter().any(|path| path.contains("/rolebindings/")
+            || path.contains("/statefulsets/")
+            || path.ends_with("/status")),
         "{written:?}"
     );
 
     failing.store(false, std::sync::atomic::Ordering::SeqCst);
     server.clear();
     let report = run(&agent("builder"), &ctx).await.unwrap();
-    assert_eq!(report.applied, 2);
+    assert_eq!(report.applied, 3);
     let written: Vec<String> = server.writes().iter().map(|w| w.path.clone()).collect();
     assert_eq!(
         written,
         [
             "/apis/rbac.authorization.k8s.io/v1/namespaces/rateright/roles/builder",
+            "/apis/rbac.authorization.k8s.io/v1/namespaces/rateright/rolebindings/builder",
             "/apis/apps/v1/namespaces/rateright/statefulsets/builder",
             "/apis/strata.dev/v1alpha1/namespaces/rateright/agents/builder/status",
         ]
@@ -507,9 +504,9 @@ async fn a_namespace_being_deleted_is_neither_a_failure_nor_retried_hot() {
         matches!(&error, Error::NamespaceTerminating { namespace, .. } if namespace == NAMESPACE),
         "{error:?}"
     );
-    // The supporting children go out together and are all refused; the StatefulSet is not tried.
+    // The first wave goes out together and is refused; the StatefulSet is not tried.
     let written: Vec<String> = server.writes().iter().map(|w| w.path.clone()).collect();
-    assert_eq!(written.len(), 6, "{written:?}");
+    assert_eq!(written.len(), 5, "{written:?}");
     assert!(!written.iter().any(|path| path.contains("/statefulsets/")), "{written:?}");
 
     let metrics = strata::controller::metrics::Metrics::new().unwrap();

@@ -47,6 +47,14 @@ impl ChildKind {
         ChildKind::StatefulSet,
     ];
 
+    /// Whether the apiserver or the pods need this child before the others can be applied: the
+    /// Role before its RoleBinding (the apiserver checks a binding against the Role it names and
+    /// refuses it while the Role is missing), the ServiceAccount and the ConfigMap before the
+    /// StatefulSet's pods. Everything but the RoleBinding and the StatefulSet goes first.
+    pub fn applies_first(self) -> bool {
+        !matches!(self, ChildKind::RoleBinding | ChildKind::StatefulSet)
+    }
+
     /// The Kubernetes kind name.
     pub fn as_str(self) -> &'static str {
         match self {

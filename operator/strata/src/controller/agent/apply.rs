@@ -34,11 +34,13 @@ pub fn stale_children(desired: &[DesiredChild], observed: &[ObservedChild]) -> V
 
 /// Apply the stale children; returns how many were written.
 ///
-/// Two waves: every stale child but the StatefulSet at once (none of them needs another to exist),
-/// then the StatefulSet, whose pods need their ServiceAccount and ConfigMap. An Agent's first
-/// reconcile so costs three round trips (this, then the status) instead of eight in a row, which is
-/// what lets a fleet converge at the control plane's write rate rather than its write latency. A
-/// failed apply still records the children that were applied beside it, and its error is returned.
+/// Two waves, each applied at once: first every child that needs no other
+/// ([`ChildKind::applies_first`]), then the RoleBinding, which the apiserver refuses until its
+/// Role exists, and the StatefulSet, whose pods need their ServiceAccount and ConfigMap. An Agent's
+/// first reconcile so costs three round trips (two waves, then the status) instead of eight in a
+/// row, which lets a fleet converge at the control plane's write rate rather than its write
+/// latency. A failed apply holds back the next wave; the children applied beside it are recorded,
+/// and its error is returned.
 pub async fn apply_children(
     ctx: &Context,
     namespace: &str,
@@ -57,9 +59,9 @@ pub async fn apply_children(
             );
         }
     }
-    let (workload, supporting): (Vec<&DesiredChild>, Vec<&DesiredChild>) =
-        stale.iter().partition(|child| child.kind == ChildKind::StatefulSet);
-    for wave in [supporting, workload] {
+    let (first, second): (Vec<&DesiredChild>, Vec<&DesiredChild>) =
+        stale.iter().partition(|child| child.kind.applies_first());
+    for wave in [first, second] {
         let applies = wave.iter().map(|child| apply_kind(ctx, namespace, children, child.kind));
         let mut first_error = None;
         for (child, applied) in wave.iter().zip(futures::future::join_all(applies).await) {
