@@ -3,7 +3,7 @@
 //! a fingerprint of the fields the controller owns there (from `managedFields`), so an edit by
 //! anyone else shows as drift. Small (names, hashes and UIDs only).
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, PoisonError, RwLock};
 
 use std::hash::{DefaultHasher, Hash, Hasher};
@@ -113,10 +113,36 @@ impl Ownership {
     }
 }
 
+/// A child's `strata.dev/spec-hash` annotation as the index keeps it: the sha256 the controller
+/// writes, as its 32 bytes (not 64 hex characters on the heap), or whatever else someone wrote there.
+/// At 10,000 Agents the index holds 70,000 of these.
+#[derive(Clone, Debug, PartialEq, Eq)]
+enum StoredHash {
+    Sha256([u8; 32]),
+    Other(Box<str>),
+}
+
+impl StoredHash {
+    fn new(annotation: String) -> Self {
+        let mut bytes = [0u8; 32];
+        match hex::decode_to_slice(&annotation, &mut bytes) {
+            Ok(()) if annotation.bytes().all(|b| !b.is_ascii_uppercase()) => StoredHash::Sha256(bytes),
+            _ => StoredHash::Other(annotation.into_boxed_str()),
+        }
+    }
+
+    fn to_annotation(&self) -> String {
+        match self {
+            StoredHash::Sha256(bytes) => hex::encode(bytes),
+            StoredHash::Other(text) => text.to_string(),
+        }
+    }
+}
+
 /// What the index knows of one child.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 struct ChildState {
-    spec_hash: Option<String>,
+    spec_hash: Option<StoredHash>,
     seen: Ownership,
     /// The controller's field-set hash right after its last apply of this child.
     applied_fields: Option<u64>,
@@ -145,9 +171,54 @@ type ChildKey = (ChildKind, String);
 /// One child from a relist: its agent, name, spec hash and ownership.
 type Listed = (AgentKey, String, Option<String>, Ownership);
 
+/// The children of one Agent, sorted by kind and name: a short vector (seven entries) rather than a
+/// map, whose nodes would cost more than the entries.
+#[derive(Clone, Debug, Default)]
+struct AgentChildren(Vec<(ChildKey, ChildState)>);
+
+impl AgentChildren {
+    fn position(&self, key: &ChildKey) -> Result<usize, usize> {
+        self.0.binary_search_by(|(have, _)| have.cmp(key))
+    }
+
+    fn get(&self, key: &ChildKey) -> Option<&ChildState> {
+        self.position(key).ok().map(|at| &self.0[at].1)
+    }
+
+    fn entry(&mut self, key: ChildKey) -> &mut ChildState {
+        let at = match self.position(&key) {
+            Ok(at) => at,
+            Err(at) => {
+                self.0.insert(at, (key, ChildState::default()));
+                self.0.shrink_to_fit();
+                at
+            }
+        };
+        &mut self.0[at].1
+    }
+
+    fn remove(&mut self, key: &ChildKey) {
+        if let Ok(at) = self.position(key) {
+            self.0.remove(at);
+        }
+    }
+
+    fn iter(&self) -> impl Iterator<Item = &(ChildKey, ChildState)> {
+        self.0.iter()
+    }
+
+    fn len(&self) -> usize {
+        self.0.len()
+    }
+
+    fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+}
+
 #[derive(Default)]
 struct IndexState {
-    by_agent: HashMap<AgentKey, BTreeMap<ChildKey, ChildState>>,
+    by_agent: HashMap<AgentKey, AgentChildren>,
     relisting: HashMap<ChildKind, Vec<Listed>>,
     synced: HashSet<ChildKind>,
 }
@@ -159,7 +230,6 @@ impl IndexState {
             .entry((namespace.to_string(), agent.to_string()))
             .or_default()
             .entry((kind, name.to_string()))
-            .or_default()
     }
 }
 
@@ -218,7 +288,7 @@ impl ChildIndex {
                     .map(|((kind, name), child)| ObservedChild {
                         kind: *kind,
                         name: name.clone(),
-                        spec_hash: child.spec_hash.clone(),
+                        spec_hash: child.spec_hash.as_ref().map(StoredHash::to_annotation),
                         drifted: child.drifted(),
                         controller_uid: child.seen.controller_uid.clone(),
                     })
@@ -251,7 +321,7 @@ impl ChildIndex {
     ) {
         let mut state = self.write();
         let child = state.child_mut(kind, namespace, agent, name);
-        child.spec_hash = spec_hash;
+        child.spec_hash = spec_hash.map(StoredHash::new);
         child.seen = seen;
     }
 
@@ -268,7 +338,7 @@ impl ChildIndex {
         let mut state = self.write();
         let child = state.child_mut(kind, namespace, agent, name);
         let applied_fields = applied.owned_fields;
-        *child = ChildState { spec_hash, seen: applied, applied_fields };
+        *child = ChildState { spec_hash: spec_hash.map(StoredHash::new), seen: applied, applied_fields };
     }
 
     /// Forget a child (after a delete, or from a watch event).
@@ -285,7 +355,7 @@ impl ChildIndex {
 
     /// Number of children indexed.
     pub fn len(&self) -> usize {
-        self.read().by_agent.values().map(BTreeMap::len).sum()
+        self.read().by_agent.values().map(AgentChildren::len).sum()
     }
 
     /// Whether nothing is indexed.
@@ -322,7 +392,7 @@ impl ChildIndex {
                 let before =
                     state.by_agent.get(&agent).and_then(|c| c.get(&(kind, name.clone()))).map(summary);
                 let child = state.child_mut(kind, &agent.0, &agent.1, &name);
-                child.spec_hash = spec_hash;
+                child.spec_hash = spec_hash.map(StoredHash::new);
                 child.seen = Ownership::of(&object.metadata);
                 let after = summary(child);
                 if before.as_ref() == Some(&after) { Vec::new() } else { vec![agent] }
@@ -343,7 +413,7 @@ impl ChildIndex {
         let listed = state.relisting.remove(&kind).unwrap_or_default();
         let mut previous: HashMap<(AgentKey, String), ChildState> = HashMap::new();
         for (agent, children) in &mut state.by_agent {
-            children.retain(|(child_kind, name), child| {
+            children.0.retain(|((child_kind, name), child)| {
                 if *child_kind == kind {
                     previous.insert((agent.clone(), name.clone()), child.clone());
                 }
@@ -355,11 +425,11 @@ impl ChildIndex {
         for (agent, name, spec_hash, seen) in listed {
             let before = previous.remove(&(agent.clone(), name.clone()));
             let applied_fields = before.as_ref().and_then(|child| child.applied_fields);
-            let child = ChildState { spec_hash, seen, applied_fields };
+            let child = ChildState { spec_hash: spec_hash.map(StoredHash::new), seen, applied_fields };
             if before.as_ref().map(summary) != Some(summary(&child)) {
                 changed.insert(agent.clone());
             }
-            state.by_agent.entry(agent).or_default().insert((kind, name), child);
+            *state.by_agent.entry(agent).or_default().entry((kind, name)) = child;
         }
         changed.extend(previous.into_keys().map(|(agent, _)| agent));
         state.synced.insert(kind);
@@ -368,7 +438,7 @@ impl ChildIndex {
 }
 
 /// What of a child decides whether the controller must look at it again.
-fn summary(child: &ChildState) -> (Option<String>, bool) {
+fn summary(child: &ChildState) -> (Option<StoredHash>, bool) {
     (child.spec_hash.clone(), child.drifted())
 }
 
@@ -399,6 +469,31 @@ mod tests {
             },
             _phantom: std::marker::PhantomData,
         }
+    }
+
+    #[test]
+    fn a_spec_hash_reads_back_exactly_as_the_annotation_was_written() {
+        let sha = "3cd4809a4a0fe971008fef31b207db7d8b78b34f798117333618962880482bf6";
+        assert!(matches!(StoredHash::new(sha.into()), StoredHash::Sha256(_)));
+        for annotation in
+            [sha, "3CD4809A4A0FE971008FEF31B207DB7D8B78B34F798117333618962880482BF6", "edited", ""]
+        {
+            let index = ChildIndex::new_synced();
+            index.record(ChildKind::Role, "ns", "a", "a", Some(annotation.into()));
+            assert_eq!(index.children_of("ns", "a")[0].spec_hash.as_deref(), Some(annotation));
+        }
+    }
+
+    #[test]
+    fn children_come_back_in_kind_order_whatever_order_they_were_seen_in() {
+        let index = ChildIndex::new_synced();
+        for kind in ChildKind::ALL.iter().rev() {
+            index.record(*kind, "ns", "a", "a", None);
+        }
+        let kinds: Vec<ChildKind> = index.children_of("ns", "a").iter().map(|c| c.kind).collect();
+        assert_eq!(kinds, ChildKind::ALL);
+        index.forget(ChildKind::Role, "ns", "a", "a");
+        assert_eq!(index.len(), 6);
     }
 
     #[test]
