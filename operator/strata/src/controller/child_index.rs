@@ -189,8 +189,9 @@ impl AgentChildren {
         let at = match self.position(&key) {
             Ok(at) => at,
             Err(at) => {
+                // Room for exactly one more: the vector stays at its length, with no spare slots.
+                self.0.reserve_exact(1);
                 self.0.insert(at, (key, ChildState::default()));
-                self.0.shrink_to_fit();
                 at
             }
         };
