@@ -10,7 +10,9 @@
 //!   learned from provider-reported `input_tokens`.
 //!
 //! The BPE ranks ship inside the `tiktoken` crate, which builds each encoding once, lazily, on first
-//! use. Its counts agree exactly with `tiktoken-rs` (OpenAI's reference port) on every text of the
+//! use, and keeps it for the life of the process (about 11 MiB for o200k_base). A process that
+//! counts rarely, like the controller, builds a private copy instead
+//! ([`TokenCounter::with_private_tables`]) and frees it with the last counter. Its counts agree exactly with `tiktoken-rs` (OpenAI's reference port) on every text of the
 //! corpora, and it is several times faster and needs half the memory (BENCHMARKS.md, "Choosing the
 //! BPE implementation"). An encoding the build does not carry is reported as
 //! [`TokenizerError::Load`].
@@ -20,6 +22,8 @@ mod calibration;
 pub use calibration::{
     Calibration, DEFAULT_APPROXIMATE_RATIO, EWMA_WEIGHT, MAX_CALIBRATION_RATIO, MIN_CALIBRATION_RATIO,
 };
+
+use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 use tiktoken::CoreBpe;
@@ -83,21 +87,55 @@ impl Encoding {
             Self::Cl100kBase => "cl100k_base",
         }
     }
+
+    /// The encoding a tokenizer kind counts with.
+    fn of(kind: TokenizerKind) -> Self {
+        match kind {
+            TokenizerKind::O200kBase | TokenizerKind::Approximate => Self::O200kBase,
+            TokenizerKind::Cl100kBase => Self::Cl100kBase,
+        }
+    }
+
+    /// The process-wide copy of the encoding, built on first use only.
+    fn shared(self) -> Result<&'static CoreBpe, TokenizerError> {
+        tiktoken::get_encoding(self.name()).ok_or_else(|| TokenizerError::Load {
+            encoding: self.name(),
+            reason: "this build does not carry the encoding's ranks".to_owned(),
+        })
+    }
+
+    /// A copy of the encoding of its own, freed when the last holder drops it.
+    fn private(self) -> CoreBpe {
+        match self {
+            Self::O200kBase => tiktoken::encoding::o200k_base(),
+            Self::Cl100kBase => tiktoken::encoding::cl100k_base(),
+        }
+    }
 }
 
-/// Returns the encoding, built on first use only.
-fn load_encoding(encoding: Encoding) -> Result<&'static CoreBpe, TokenizerError> {
-    tiktoken::get_encoding(encoding.name()).ok_or_else(|| TokenizerError::Load {
-        encoding: encoding.name(),
-        reason: "this build does not carry the encoding's ranks".to_owned(),
-    })
+/// Where a counter's BPE tables live.
+#[derive(Clone)]
+enum Tables {
+    /// The process-wide copy, kept until the process exits.
+    Shared(&'static CoreBpe),
+    /// A private copy, freed with the last counter that holds it.
+    Private(Arc<CoreBpe>),
+}
+
+impl Tables {
+    fn bpe(&self) -> &CoreBpe {
+        match self {
+            Self::Shared(bpe) => bpe,
+            Self::Private(bpe) => bpe,
+        }
+    }
 }
 
 /// Counts tokens for one agent's model.
 #[derive(Clone)]
 pub struct TokenCounter {
     kind: TokenizerKind,
-    bpe: &'static CoreBpe,
+    tables: Tables,
     calibration: Calibration,
 }
 
@@ -118,11 +156,16 @@ impl TokenCounter {
 
     /// A counter for `kind` that resumes a persisted calibration (only used by `Approximate`).
     pub fn with_calibration(kind: TokenizerKind, calibration: Calibration) -> Result<Self, TokenizerError> {
-        let encoding = match kind {
-            TokenizerKind::O200kBase | TokenizerKind::Approximate => Encoding::O200kBase,
-            TokenizerKind::Cl100kBase => Encoding::Cl100kBase,
-        };
-        Ok(Self { kind, bpe: load_encoding(encoding)?, calibration })
+        let tables = Tables::Shared(Encoding::of(kind).shared()?);
+        Ok(Self { kind, tables, calibration })
+    }
+
+    /// A counter for `kind` with BPE tables of its own, built now (about 100 ms and 11 MiB for
+    /// o200k_base) and freed when this counter and its clones are dropped. Counts are identical to
+    /// [`Self::new`]'s. For a process that counts rarely and should not keep the tables resident.
+    pub fn with_private_tables(kind: TokenizerKind) -> Self {
+        let tables = Tables::Private(Arc::new(Encoding::of(kind).private()));
+        Self { kind, tables, calibration: Calibration::default() }
     }
 
     /// The tokenizer this counter implements.
@@ -137,7 +180,7 @@ impl TokenCounter {
 
     /// The uncalibrated BPE count of `text` (special-token text counted as ordinary text).
     pub fn base_count(&self, text: &str) -> u32 {
-        saturate(self.bpe.count(text))
+        saturate(self.tables.bpe().count(text))
     }
 
     /// The token count of `text` for this tokenizer: exact for BPE kinds, calibrated for
@@ -208,6 +251,18 @@ mod tests {
         let counter = TokenCounter::new(TokenizerKind::O200kBase).unwrap();
         let expected = counter.count("user") + counter.count("hello world") + 3;
         assert_eq!(counter.count_message("user", "hello world"), expected);
+    }
+
+    #[test]
+    fn private_tables_count_what_the_shared_ones_count() {
+        let text = "fn main() { println!(\"héllo, 世界\"); }\n\t<|endoftext|> 12345 ".repeat(40);
+        for kind in [TokenizerKind::O200kBase, TokenizerKind::Cl100kBase, TokenizerKind::Approximate] {
+            let shared = TokenCounter::new(kind).unwrap();
+            let private = TokenCounter::with_private_tables(kind);
+            assert_eq!(private.kind(), kind);
+            assert_eq!(private.count(&text), shared.count(&text), "{kind}");
+            assert_eq!(private.count_message("tool", &text), shared.count_message("tool", &text), "{kind}");
+        }
     }
 
     #[test]

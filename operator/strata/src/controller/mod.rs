@@ -11,6 +11,7 @@ pub mod client;
 pub mod compaction;
 pub mod conditions;
 pub mod context;
+pub mod counting_thread;
 pub mod error;
 pub mod hashing;
 pub mod labels;
