@@ -18,7 +18,8 @@
 #                                        (the default for --bench) or debug picks the build.
 #
 # Env: STRATA_K8S (default ../shared/k8s), the control plane's *_PORT variables (see its README),
-#      STRATA_E2E_METRICS_PORT (28080), STRATA_E2E_KEEP=1 keeps the work directory and logs.
+#      STRATA_E2E_METRICS_PORT (28080), STRATA_E2E_KEEP=1 keeps the work directory and logs,
+#      STRATA_E2E_CONCURRENCY passes --concurrency to the controller (its default otherwise).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$(pwd)
@@ -118,6 +119,7 @@ fi
     KUBECONFIG=$WORK/controller.kubeconfig POD_NAME=strata-e2e-a POD_NAMESPACE=strata-system \
       RUST_LOG=$LOG \
       "$STRATA_BIN" controller --metrics-listen "127.0.0.1:$METRICS_PORT" --resync-seconds "$RESYNC" \
+      ${STRATA_E2E_CONCURRENCY:+--concurrency "$STRATA_E2E_CONCURRENCY"} \
       --gateway-image strata-e2e/strata:dev >>"$WORK/controller-a.log" 2>&1 &
     echo $! >"$WORK/controller.pid"
     wait $! || true

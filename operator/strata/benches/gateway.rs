@@ -31,7 +31,7 @@ use axum::extract::State;
 use axum::http::{HeaderMap, header};
 use axum::response::Response;
 use axum::routing::post;
-use process::{GatewayProcess, rss_kib};
+use process::{GatewayProcess, rss_kib, rss_split_kib};
 use serde_json::json;
 use strata_api::agent::{Provider, SessionMode, Tokenizer};
 use strata_api::effective::EffectivePolicy;
@@ -318,6 +318,7 @@ async fn main() {
             let phase = run_phase(gateway.address, fake, Arc::clone(&state), streams, per_stream).await;
             let after = journal_tokens(gateway.address).await;
             let (rss, peak) = rss_kib(gateway.child.id());
+            let (anon, file) = rss_split_kib(gateway.child.id());
             if let Some(first) = phase.failures.first() {
                 let through_gateway = phase.failures.iter().filter(|f| f.starts_with("gateway:")).count();
                 println!(
@@ -334,7 +335,7 @@ async fn main() {
             let (g50, g99) = (percentile(&phase.gateway, 0.5), percentile(&phase.gateway, 0.99));
             let (d50, d99) = (percentile(&phase.direct, 0.5), percentile(&phase.direct, 0.99));
             println!(
-                "journal {seeded_tokens:>7} tok ({before}->{after}) | {name:<13} n={:<5} | gateway p50 {:>9.0} µs p99 {:>9.0} µs | direct p50 {:>8.0} µs p99 {:>8.0} µs | added p50 {:>8.0} µs p99 {:>8.0} µs | RSS {} MiB (peak {} MiB)",
+                "journal {seeded_tokens:>7} tok ({before}->{after}) | {name:<13} n={:<5} | gateway p50 {:>9.0} µs p99 {:>9.0} µs | direct p50 {:>8.0} µs p99 {:>8.0} µs | added p50 {:>8.0} µs p99 {:>8.0} µs | RSS {} MiB (peak {} MiB; anon {} MiB, file {} MiB)",
                 phase.gateway.len(),
                 micros(g50),
                 micros(g99),
@@ -344,6 +345,8 @@ async fn main() {
                 micros(g99) - micros(d99),
                 rss / 1024,
                 peak / 1024,
+                anon / 1024,
+                file / 1024,
             );
             let ratio = micros(g99) / micros(d99);
             println!("  p99 gateway / direct = {ratio:.2}x");

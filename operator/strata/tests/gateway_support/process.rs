@@ -101,14 +101,32 @@ impl Drop for GatewayProcess {
 
 /// `(VmRSS, VmHWM)` of process `pid` in KiB (0 when unknown).
 pub fn rss_kib(pid: u32) -> (u64, u64) {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
-    let field = |name: &str| {
-        status
+    let status = ProcStatus::read(pid);
+    (status.field("VmRSS:"), status.field("VmHWM:"))
+}
+
+/// `(RssAnon, RssFile)` of process `pid` in KiB: the heap, stacks and allocator pages against the
+/// binary's and libraries' pages (0 when unknown).
+pub fn rss_split_kib(pid: u32) -> (u64, u64) {
+    let status = ProcStatus::read(pid);
+    (status.field("RssAnon:"), status.field("RssFile:"))
+}
+
+/// `/proc/<pid>/status`, empty when the process is gone.
+struct ProcStatus(String);
+
+impl ProcStatus {
+    fn read(pid: u32) -> Self {
+        Self(std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default())
+    }
+
+    /// A `kB` field's value, 0 when missing.
+    fn field(&self, name: &str) -> u64 {
+        self.0
             .lines()
             .find(|line| line.starts_with(name))
             .and_then(|line| line.split_whitespace().nth(1))
             .and_then(|value| value.parse().ok())
             .unwrap_or(0)
-    };
-    (field("VmRSS:"), field("VmHWM:"))
+    }
 }
