@@ -12,9 +12,10 @@
 //! The BPE ranks ship inside the `tiktoken` crate, which builds each encoding once, lazily, on first
 //! use, and keeps it for the life of the process (about 11 MiB for o200k_base). A process that
 //! counts rarely, like the controller, builds a private copy instead
-//! ([`TokenCounter::with_private_tables`]) and frees it with the last counter. Its counts agree exactly with `tiktoken-rs` (OpenAI's reference port) on every text of the
-//! corpora, and it is several times faster and needs half the memory (BENCHMARKS.md, "Choosing the
-//! BPE implementation"). An encoding the build does not carry is reported as
+//! ([`TokenCounter::with_private_tables`]) and frees it with the last counter. Its counts agree
+//! exactly with `tiktoken-rs` (OpenAI's reference port) on every text of the corpora, and it is
+//! several times faster and needs half the memory (BENCHMARKS.md, "Choosing the BPE
+//! implementation"). An encoding the build does not carry is reported as
 //! [`TokenizerError::Load`].
 
 mod calibration;
@@ -160,8 +161,8 @@ impl TokenCounter {
         Ok(Self { kind, tables, calibration })
     }
 
-    /// A counter for `kind` with BPE tables of its own, built now (about 100 ms and 11 MiB for
-    /// o200k_base) and freed when this counter and its clones are dropped. Counts are identical to
+    /// A counter for `kind` with BPE tables of its own, built now (about 11 MiB for o200k_base)
+    /// and freed when this counter and its clones are dropped. Counts are identical to
     /// [`Self::new`]'s. For a process that counts rarely and should not keep the tables resident.
     pub fn with_private_tables(kind: TokenizerKind) -> Self {
         let tables = Tables::Private(Arc::new(Encoding::of(kind).private()));

@@ -4,9 +4,8 @@
 //! The controller counts a stable prefix once per distinct (sources, tokenizer) pair and then
 //! serves the memo, so for all but the first seconds after a policy or prompt change it counts
 //! nothing. Keeping o200k_base loaded for the life of the process would cost about 11 MiB of
-//! tables plus 1.2 MiB of piece cache on every thread that ever counted (BENCHMARKS.md, "Where the
-//! controller's memory goes"); here it costs nothing while quiet and one table build (about 100 ms)
-//! after each quiet spell.
+//! tables plus 1.2 MiB of piece cache on every thread that ever counted (BENCHMARKS.md, "Third run
+//! at 10,000 Agents"); here it costs nothing while quiet and one table build after each quiet spell.
 
 use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
