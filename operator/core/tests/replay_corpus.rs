@@ -13,13 +13,13 @@ fn corpus_sessions_replay_under_every_policy() {
     let Some(files) = corpus_files("corpus_sessions_replay_under_every_policy") else { return };
     let counter = TokenCounter::new(TokenizerKind::O200kBase).unwrap();
     let options = ReplayOptions::default();
-    let mut units = [0.0f64; 5];
+    let mut units = [0.0f64; 6];
     for path in files.into_iter().step_by(7) {
         let text = std::fs::read_to_string(&path).unwrap();
         let name = path.file_name().unwrap().to_string_lossy().into_owned();
         let transcript = parse_transcript(&name, &text, InputFormat::Auto).unwrap();
         let report = replay_session(&transcript, &options, &counter).unwrap();
-        assert_eq!(report.policies.len(), 5);
+        assert_eq!(report.policies.len(), 6);
         for (slot, policy) in report.policies.iter().enumerate() {
             assert_eq!(policy.calls.len(), transcript.calls.len(), "{name} {:?}", policy.policy);
             let totals = policy.totals();
@@ -52,7 +52,7 @@ fn corpus_sessions_replay_under_every_policy() {
         assert!(report.calibration.calls > 0, "{name}: the corpus records usage");
     }
     eprintln!(
-        "units: naive {:.0} masking {:.0} clear {:.0} seed002 {:.0} strata {:.0}",
-        units[0], units[1], units[2], units[3], units[4]
+        "units: naive {:.0} masking {:.0} clear {:.0} seed002 {:.0} strata {:.0} oracle {:.0}",
+        units[0], units[1], units[2], units[3], units[4], units[5]
     );
 }

@@ -73,6 +73,46 @@ fn a_quoted_line_of_an_elided_output_costs_exactly_one_read_back() {
     // seed-002 elides it too, behind a reference: one read-back.
     let seed002 = report.policies.iter().find(|p| p.policy == PolicyKind::Seed002).unwrap();
     assert_eq!((seed002.read_backs.read_backs, seed002.read_backs.unrecoverable), (1, 0));
+    // The oracle knows the log is quoted later. The prompts are small, so one read-back round trip
+    // costs less than carrying the log's 1,400 tokens through twelve calls: it spills the log and
+    // pays exactly that one read-back.
+    let oracle = report.policies.iter().find(|p| p.policy == PolicyKind::Oracle).unwrap();
+    assert_eq!((oracle.spills, oracle.read_backs.read_backs), (1, 1), "{:?}", oracle.read_back_examples);
+    assert_eq!(oracle.read_back_examples[0].evidence.text, QUOTED);
+}
+
+#[test]
+fn the_oracle_spills_exactly_the_outputs_no_later_call_uses() {
+    let counter = TokenCounter::new(TokenizerKind::O200kBase).unwrap();
+    let options = ReplayOptions::default();
+    let unused = parse_transcript("plain.json", &session(false), InputFormat::OpenAiMessages).unwrap();
+    let report = replay_session(&unused, &options, &counter).unwrap();
+    let policy = |report: &strata_core::replay::SessionReport, kind: PolicyKind| {
+        report.policies.iter().find(|p| p.policy == kind).cloned().unwrap()
+    };
+    let (oracle, naive) = (policy(&report, PolicyKind::Oracle), policy(&report, PolicyKind::Naive));
+    // Nobody quotes the log: the oracle spills it when it arrives and pays no read-back for it.
+    assert_eq!(oracle.spills, 1);
+    assert_eq!(oracle.read_backs.uses_detected, 0);
+    assert!(
+        oracle.units_with_read_backs() < naive.units_with_read_backs(),
+        "spilling an unused 5,500-character log must cost less than keeping it"
+    );
+    assert!(
+        oracle.peak_context + 1000 < naive.peak_context,
+        "oracle {} against naive {}",
+        oracle.peak_context,
+        naive.peak_context
+    );
+
+    // Quoted at the end: the oracle spills it only because the read-back is the cheaper way (the
+    // test below has a used output it keeps), and it is never dearer than strata with read-backs.
+    let quoted = parse_transcript("quoted.json", &session(true), InputFormat::OpenAiMessages).unwrap();
+    let report = replay_session(&quoted, &options, &counter).unwrap();
+    let (oracle, strata) = (policy(&report, PolicyKind::Oracle), policy(&report, PolicyKind::Strata));
+    assert_eq!((oracle.spills, oracle.read_backs.read_backs), (1, 1));
+    assert_eq!(strata.read_backs.read_backs, 1, "strata spills the log and reads it back");
+    assert!(oracle.units_with_read_backs() <= strata.units_with_read_backs());
 }
 
 #[test]
@@ -147,4 +187,37 @@ fn the_sweep_prices_every_point_with_its_read_backs_and_keeps_an_undominated_fro
     // The cheapest point with no read-back is on the front: keeping the log whole is the only way
     // to zero read-backs here.
     assert!(front.iter().any(|&i| results[i].total.read_backs == 0));
+}
+
+#[test]
+fn the_oracle_replaces_a_repeated_output_by_a_reference() {
+    let counter = TokenCounter::new(TokenizerKind::O200kBase).unwrap();
+    let listing: String = (0..80).map(|n| format!("src/module_{n:02}.py\n")).collect();
+    let mut messages = vec![
+        json!({"role": "system", "content": "You are a careful coding agent."}),
+        json!({"role": "user", "content": "List the sources twice."}),
+    ];
+    for round in 0..2 {
+        messages.push(json!({"role": "assistant", "content": "", "tool_calls": [
+            {"id": format!("call_{round}"), "type": "function",
+             "function": {"name": "bash", "arguments": "{\"cmd\": \"ls src\"}"}}]}));
+        messages.push(json!({"role": "tool", "tool_call_id": format!("call_{round}"), "content": listing}));
+    }
+    // The last answer names a file only the listing holds: the first listing is used, and keeping
+    // its 400 tokens for two calls costs less than a read-back, so the oracle keeps it whole. The
+    // second, identical listing becomes a reference to it.
+    messages.push(json!({"role": "assistant", "content": "I will edit src/module_42.py."}));
+    let text = json!({"messages": messages}).to_string();
+    let transcript = parse_transcript("repeat.json", &text, InputFormat::OpenAiMessages).unwrap();
+    let report = replay_session(&transcript, &ReplayOptions::default(), &counter).unwrap();
+    let oracle = report.policies.iter().find(|p| p.policy == PolicyKind::Oracle).unwrap();
+    let naive = report.policies.iter().find(|p| p.policy == PolicyKind::Naive).unwrap();
+    assert_eq!(oracle.deduplications, 1, "{oracle:?}");
+    assert_eq!((oracle.spills, oracle.read_backs.uses_detected), (0, 0), "{:?}", oracle.read_back_examples);
+    assert!(
+        oracle.peak_context + 300 < naive.peak_context,
+        "{} against {}",
+        oracle.peak_context,
+        naive.peak_context
+    );
 }

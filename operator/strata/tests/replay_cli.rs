@@ -31,7 +31,7 @@ fn sample_session_prints_the_table_and_writes_plot_and_report() {
         .unwrap();
     let stdout = String::from_utf8_lossy(&output.stdout);
     assert!(output.status.success(), "{stdout}\n{}", String::from_utf8_lossy(&output.stderr));
-    for policy in ["naive", "observation-masking", "clear-tool-uses", "seed-002", "strata"] {
+    for policy in ["naive", "observation-masking", "clear-tool-uses", "seed-002", "strata", "oracle"] {
         assert!(stdout.lines().any(|l| l.starts_with(policy)), "{policy} missing from:\n{stdout}");
     }
     assert!(stdout.contains("off-window outputs read back byte-exact (100.0%)"), "{stdout}");
@@ -39,7 +39,7 @@ fn sample_session_prints_the_table_and_writes_plot_and_report() {
     assert!(svg.starts_with("<svg") && svg.contains("polyline") && svg.contains("strata"), "not a plot");
     let json: serde_json::Value = serde_json::from_slice(&std::fs::read(&report).unwrap()).unwrap();
     let totals = json["totals"].as_array().unwrap();
-    assert_eq!(totals.len(), 5);
+    assert_eq!(totals.len(), 6);
     let naive = &totals[0];
     assert_eq!(naive["policy"], "naive");
     assert!((naive["ratioToNaive"].as_f64().unwrap() - 1.0).abs() < 1e-9);

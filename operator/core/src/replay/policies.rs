@@ -11,13 +11,29 @@
 //!   to a preview (60 lines / 4000 characters + a reference); results older than 4 rounds and over
 //!   2000 characters are cut to their first 800 characters, re-evaluated every round.
 //! - **strata**: the real engine (see [`super::simulate`]).
+//! - **oracle**: not a policy anyone can run, but a bound: it knows which tool outputs the session
+//!   will use later (see [`super::readback`]). Each output over `oracle_spill.max_result_chars` that
+//!   no later call uses is spilled to a preview when it arrives. Each one that is used is kept
+//!   whole, unless keeping it would cost more than reading it back. A repeat of an earlier output
+//!   becomes a reference to it, as the engine's deduplication does. Replay runs it twice: the first
+//!   pass spills every output and charges the read-backs, the second keeps the used outputs whose
+//!   estimated cost kept (tokens beyond the preview, written once and read at 0.1x on every later
+//!   call) is below their charged read-back. It shows what deciding each output's fate on arrival
+//!   can reach with perfect foresight, without the engine's per-call overhead (memory-tool schemas,
+//!   telemetry). It is not an exact minimum: the per-output estimate ignores the 1024-token
+//!   caching minimum and how one removal changes another's cache hits, and it never elides an
+//!   output after its last use.
 //!
 //! Every policy places Anthropic cache breakpoints the way a well-configured client does: after
 //! the system prompt and at the end of the prompt.
 
+use std::collections::HashMap;
+
 use serde::Serialize;
 
 use crate::artifacts::ArtifactRef;
+use crate::dedup::{MIN_DEDUP_CHARS, render_duplicate};
+use crate::entry::{EntryId, EntryKind};
 use crate::tool_output::spill::render_spilled;
 use crate::tool_output::{SpillPolicy, render_elided};
 
@@ -37,16 +53,19 @@ pub enum PolicyKind {
     Seed002,
     /// The Strata engine.
     Strata,
+    /// The read-back-free bound: spills exactly the outputs no later call uses.
+    Oracle,
 }
 
 impl PolicyKind {
     /// Every policy, in report order.
-    pub const ALL: [PolicyKind; 5] = [
+    pub const ALL: [PolicyKind; 6] = [
         PolicyKind::Naive,
         PolicyKind::ObservationMasking,
         PolicyKind::ClearToolUses,
         PolicyKind::Seed002,
         PolicyKind::Strata,
+        PolicyKind::Oracle,
     ];
 
     /// The report name.
@@ -57,6 +76,7 @@ impl PolicyKind {
             PolicyKind::ClearToolUses => "clear-tool-uses",
             PolicyKind::Seed002 => "seed-002",
             PolicyKind::Strata => "strata",
+            PolicyKind::Oracle => "oracle",
         }
     }
 }
@@ -79,6 +99,9 @@ pub struct PolicySettings {
     pub elide_over_chars: usize,
     /// seed-002: characters kept (800).
     pub elide_keep_chars: usize,
+    /// oracle: outputs over `max_result_chars` (500) are candidates for spilling, with the engine's
+    /// default preview (250 characters / 60 lines).
+    pub oracle_spill: SpillPolicy,
 }
 
 impl Default for PolicySettings {
@@ -92,6 +115,7 @@ impl Default for PolicySettings {
             elide_after_rounds: 4,
             elide_over_chars: 2000,
             elide_keep_chars: 800,
+            oracle_spill: SpillPolicy { max_result_chars: 500, ..SpillPolicy::default() },
         }
     }
 }
@@ -117,12 +141,19 @@ pub enum Variant {
         /// Old and long enough to be elided.
         elided: bool,
     },
+    /// oracle: spilled to a preview, since no later call uses it.
+    OracleSpilled,
+    /// oracle: a repeat of the earlier tool output at this message index.
+    OracleDuplicate(usize),
 }
 
 /// Counts before each message, so a policy decides a message's variant in O(1).
 pub struct MessageIndex {
     tool_results_before: Vec<usize>,
     assistants_before: Vec<usize>,
+    /// For a tool result of at least [`MIN_DEDUP_CHARS`] characters that repeats an earlier one,
+    /// the earliest.
+    duplicate_of: Vec<Option<usize>>,
 }
 
 impl MessageIndex {
@@ -131,7 +162,15 @@ impl MessageIndex {
         let mut tool_results_before = Vec::with_capacity(messages.len() + 1);
         let mut assistants_before = Vec::with_capacity(messages.len() + 1);
         let (mut tools, mut assistants) = (0, 0);
-        for message in messages {
+        let mut first_with_text: HashMap<&str, usize> = HashMap::new();
+        let mut duplicate_of = Vec::with_capacity(messages.len());
+        for (index, message) in messages.iter().enumerate() {
+            let repeats = message.is_tool_result() && message.text.chars().count() >= MIN_DEDUP_CHARS;
+            duplicate_of.push(
+                repeats
+                    .then(|| *first_with_text.entry(&message.text).or_insert(index))
+                    .filter(|&first| first != index),
+            );
             tool_results_before.push(tools);
             assistants_before.push(assistants);
             tools += usize::from(message.is_tool_result());
@@ -139,13 +178,14 @@ impl MessageIndex {
         }
         tool_results_before.push(tools);
         assistants_before.push(assistants);
-        MessageIndex { tool_results_before, assistants_before }
+        MessageIndex { tool_results_before, assistants_before, duplicate_of }
     }
 }
 
 /// Which variant an anchor policy sends for message `index` when the prompt is `messages[..end]`.
 ///
-/// `cleared` is clear-tool-uses' state: the tool results it has cleared so far.
+/// `marked` is the policy's own per-message state: for clear-tool-uses the tool results it has
+/// cleared so far, for the oracle the tool results a later call uses.
 pub fn anchor_variant(
     kind: PolicyKind,
     settings: &PolicySettings,
@@ -153,7 +193,7 @@ pub fn anchor_variant(
     index_of: &MessageIndex,
     index: usize,
     end: usize,
-    cleared: &[bool],
+    marked: &[bool],
 ) -> Variant {
     let message = &messages[index];
     if !message.is_tool_result() {
@@ -166,7 +206,7 @@ pub fn anchor_variant(
             if newer >= settings.observation_keep { Variant::Masked } else { Variant::Full }
         }
         PolicyKind::ClearToolUses => {
-            if cleared.get(index).copied().unwrap_or(false) {
+            if marked.get(index).copied().unwrap_or(false) {
                 Variant::Cleared
             } else {
                 Variant::Full
@@ -179,6 +219,17 @@ pub fn anchor_variant(
             let shown = if spilled { settings.spill.preview_chars.min(chars) + 200 } else { chars };
             let elided = rounds >= settings.elide_after_rounds && shown > settings.elide_over_chars;
             if !spilled && !elided { Variant::Full } else { Variant::Seed002 { spilled, elided } }
+        }
+        PolicyKind::Oracle => {
+            if let Some(first) = index_of.duplicate_of[index] {
+                return Variant::OracleDuplicate(first);
+            }
+            let used_later = marked.get(index).copied().unwrap_or(false);
+            if !used_later && message.text.chars().count() > settings.oracle_spill.max_result_chars {
+                Variant::OracleSpilled
+            } else {
+                Variant::Full
+            }
         }
     }
 }
@@ -197,6 +248,13 @@ pub fn variant_text(settings: &PolicySettings, message: &TranscriptMessage, vari
                 message.text.clone()
             };
             if elided { render_elided(&text, settings.elide_keep_chars, &data_ref) } else { text }
+        }
+        Variant::OracleSpilled => {
+            let data_ref = ArtifactRef::for_bytes(message.text.as_bytes());
+            render_spilled(&message.text, &settings.oracle_spill, &data_ref)
+        }
+        Variant::OracleDuplicate(first) => {
+            render_duplicate(EntryId::new(EntryKind::ToolResult, first as u64), &[])
         }
     }
 }

@@ -202,7 +202,7 @@ impl PolicyReport {
     /// call's prompt again, priced against the cache it just warmed, a short answer, and the slice
     /// read back as fresh input) plus what the read-back leaves in context (the answer and the
     /// slice, read from the cache at 0.1x on each of the `later_calls` calls of the session), each
-    /// unrecoverable one nothing but the count.
+    /// unrecoverable one nothing but the count. Returns each use's removal with what it was charged.
     fn charge_read_backs(
         &mut self,
         uses: Vec<ReadBackUse>,
@@ -210,24 +210,29 @@ impl PolicyReport {
         blocks: &[Block],
         (now_ms, later_calls): (u64, usize),
         provider: Provider,
-    ) {
+    ) -> Vec<(String, f64)> {
+        let mut charged = Vec::with_capacity(uses.len());
         for found in uses {
             self.read_backs.uses_detected += 1;
+            let mut units = 0.0;
             if found.recoverable {
                 let repeat = cache.price(blocks, now_ms);
                 let carried = (READ_BACK_OUTPUT_TOKENS + found.slice_tokens) as f64;
-                self.read_backs.read_backs += 1;
-                self.read_backs.cost_units += repeat.units
+                units = repeat.units
                     + READ_BACK_OUTPUT_TOKENS as f64 * provider.output_price_ratio()
                     + found.slice_tokens as f64
                     + CARRIED_READ_PRICE * carried * later_calls as f64;
+                self.read_backs.read_backs += 1;
+                self.read_backs.cost_units += units;
             } else {
                 self.read_backs.unrecoverable += 1;
             }
+            charged.push((found.removal_id.clone(), units));
             if self.read_back_examples.len() < MAX_READ_BACK_EXAMPLES {
                 self.read_back_examples.push(found);
             }
         }
+        charged
     }
 
     /// Sum of the calls' bills.
@@ -375,37 +380,91 @@ fn replay_anchor(
     tokens: &mut TokenMemo<'_>,
     calibration: &mut TokenCalibration,
 ) -> PolicyReport {
+    let unmarked = vec![false; transcript.messages.len()];
+    let (report, used) = replay_anchor_pass(kind, transcript, options, times, tokens, calibration, unmarked);
+    if kind != PolicyKind::Oracle {
+        return report;
+    }
+    // The oracle's second pass keeps whole each used output that costs less kept than read back:
+    // kept, its tokens beyond the preview are written once and read from the cache on every later
+    // call; spilled, the first pass charged its read-back. Keeping only adds content to the prompts,
+    // so no use can appear that the first pass did not see.
+    let write_price = match options.provider {
+        Provider::Anthropic => 1.25,
+        Provider::OpenAi => 1.0,
+    };
+    let mut keep = vec![false; transcript.messages.len()];
+    for (index, read_back_units) in used {
+        let message = &transcript.messages[index];
+        let removed_tokens =
+            message.text.chars().count().saturating_sub(options.anchors.oracle_spill.preview_chars) as f64
+                / 4.0;
+        let calls_with_it = transcript.calls.iter().filter(|&&(end, _)| end > index).count();
+        let kept_units =
+            removed_tokens * (write_price + CARRIED_READ_PRICE * calls_with_it.saturating_sub(1) as f64);
+        keep[index] = kept_units < read_back_units;
+    }
+    replay_anchor_pass(kind, transcript, options, times, tokens, calibration, keep).0
+}
+
+/// One pass of an anchor policy over the session, with `marked` as the policy's per-message state
+/// to start from (see [`anchor_variant`]). Returns the report and, for each removal a later call
+/// used, its message and what its read-back was charged.
+fn replay_anchor_pass(
+    kind: PolicyKind,
+    transcript: &Transcript,
+    options: &ReplayOptions,
+    times: &[u64],
+    tokens: &mut TokenMemo<'_>,
+    calibration: &mut TokenCalibration,
+    mut marked: Vec<bool>,
+) -> (PolicyReport, Vec<(usize, f64)>) {
     let settings = &options.anchors;
     let messages = &transcript.messages;
     let index_of = MessageIndex::new(messages);
     let mut report = PolicyReport::new(kind);
     let mut cache = ProviderCache::new(options.provider);
-    let mut cleared = vec![false; messages.len()];
+    let mut removal_message: HashMap<String, usize> = HashMap::new();
+    let mut used = Vec::new();
     // (message, variant) → (hash, tokens): each variant's text is built and counted once.
     let mut variants: HashMap<(usize, Variant), (u64, u64)> = HashMap::new();
     let mut spilled = HashSet::new();
     let mut elided = HashSet::new();
+    let mut deduplicated = HashSet::new();
     let mut tracker = ReadBackTracker::new();
     let mut removed = vec![false; messages.len()];
     for (call, &(end, usage)) in transcript.calls.iter().enumerate() {
         let mut newly_removed: Vec<(usize, bool)> = Vec::new();
-        let mut build = |cleared: &[bool]| -> Vec<Block> {
+        let mut build = |marked: &[bool]| -> Vec<Block> {
             (0..end)
                 .map(|i| {
-                    let variant = anchor_variant(kind, settings, messages, &index_of, i, end, cleared);
-                    if variant != Variant::Full && !removed[i] {
+                    let variant = anchor_variant(kind, settings, messages, &index_of, i, end, marked);
+                    // A repeat's content is still in the prompt (or removed with its first
+                    // occurrence), so it is no removal of its own.
+                    let removes = !matches!(variant, Variant::Full | Variant::OracleDuplicate(_));
+                    if removes && !removed[i] {
                         removed[i] = true;
-                        // seed-002 keeps the full output behind a data_ref; masking and clearing
-                        // keep nothing.
-                        newly_removed.push((i, matches!(variant, Variant::Seed002 { .. })));
+                        // seed-002 and the oracle keep the full output behind a data_ref; masking
+                        // and clearing keep nothing.
+                        let recoverable = matches!(variant, Variant::Seed002 { .. } | Variant::OracleSpilled);
+                        newly_removed.push((i, recoverable));
                     }
-                    if let Variant::Seed002 { spilled: s, elided: e } = variant {
-                        if s {
+                    match variant {
+                        Variant::Seed002 { spilled: s, elided: e } => {
+                            if s {
+                                spilled.insert(i);
+                            }
+                            if e {
+                                elided.insert(i);
+                            }
+                        }
+                        Variant::OracleSpilled => {
                             spilled.insert(i);
                         }
-                        if e {
-                            elided.insert(i);
+                        Variant::OracleDuplicate(_) => {
+                            deduplicated.insert(i);
                         }
+                        Variant::Full | Variant::Masked | Variant::Cleared => {}
                     }
                     let (hash, count) = *variants.entry((i, variant)).or_insert_with(|| {
                         let block = tokens.block(&variant_text(settings, &messages[i], variant), false);
@@ -416,23 +475,20 @@ fn replay_anchor(
                 })
                 .collect()
         };
-        let mut blocks = build(&cleared);
+        let mut blocks = build(&marked);
         let total: u64 = blocks.iter().map(|b| b.tokens).sum();
         if kind == PolicyKind::ClearToolUses && total > settings.clear_trigger_tokens {
             let results: Vec<usize> = (0..end).filter(|&i| messages[i].is_tool_result()).collect();
             for &i in results.iter().rev().skip(settings.clear_keep) {
-                cleared[i] = true;
+                marked[i] = true;
             }
-            blocks = build(&cleared);
+            blocks = build(&marked);
         }
         let cost = cache.price(&blocks, times[call]);
         for (i, recoverable) in newly_removed {
-            tracker.removed(Removal::new(
-                format!("message {i}"),
-                call,
-                messages[i].text.clone(),
-                recoverable,
-            ));
+            let id = format!("message {i}");
+            removal_message.insert(id.clone(), i);
+            tracker.removed(Removal::new(id, call, messages[i].text.clone(), recoverable));
         }
         if tracker.pending() > 0 && end < messages.len() {
             let mut prompt: Option<String> = None;
@@ -442,7 +498,7 @@ fn replay_anchor(
                         (0..end)
                             .map(|i| {
                                 let variant =
-                                    anchor_variant(kind, settings, messages, &index_of, i, end, &cleared);
+                                    anchor_variant(kind, settings, messages, &index_of, i, end, &marked);
                                 variant_text(settings, &messages[i], variant)
                             })
                             .collect::<Vec<_>>()
@@ -451,7 +507,16 @@ fn replay_anchor(
                     .contains(anchor)
             });
             let later_calls = transcript.calls.len() - call - 1;
-            report.charge_read_backs(uses, &mut cache, &blocks, (times[call], later_calls), options.provider);
+            let charged = report.charge_read_backs(
+                uses,
+                &mut cache,
+                &blocks,
+                (times[call], later_calls),
+                options.provider,
+            );
+            used.extend(
+                charged.into_iter().filter_map(|(id, units)| Some((*removal_message.get(&id)?, units))),
+            );
         }
         if kind == PolicyKind::Naive
             && let Some(usage) = usage
@@ -465,8 +530,11 @@ fn replay_anchor(
     }
     report.spills = spilled.len() as u64;
     report.elisions = elided.len() as u64;
-    report.expirations = cleared.iter().filter(|c| **c).count() as u64;
-    report
+    report.deduplications = deduplicated.len() as u64;
+    if kind == PolicyKind::ClearToolUses {
+        report.expirations = marked.iter().filter(|c| **c).count() as u64;
+    }
+    (report, used)
 }
 
 /// Lines that carry decisions, constraints and to-dos.
@@ -596,7 +664,8 @@ pub(crate) fn replay_strata_with(
                     .contains(anchor)
             });
             let later_calls = transcript.calls.len() - call - 1;
-            report.charge_read_backs(uses, &mut cache, &blocks, (now, later_calls), options.provider);
+            let _charged =
+                report.charge_read_backs(uses, &mut cache, &blocks, (now, later_calls), options.provider);
         }
         let effects = engine
             .record_answer(&settings, first_call, &answer, now)

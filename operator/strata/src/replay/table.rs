@@ -182,6 +182,14 @@ pub fn render(
         let _ =
             writeln!(out, "strata: {} expired, {} deduplicated", strata.expirations, strata.deduplications);
     }
+    if let Some(oracle) = totals.iter().find(|t| t.policy == PolicyKind::Oracle.name()) {
+        let _ = writeln!(
+            out,
+            "oracle: a bound, not a policy: it knows which outputs later calls use, spills the rest on arrival \
+             and keeps a used one unless its read-back is cheaper ({} deduplicated)",
+            oracle.deduplications
+        );
+    }
     for (policy, session, example) in first_examples(sessions) {
         let evidence: String = example.evidence.text.chars().take(100).collect();
         let _ = writeln!(
