@@ -16,12 +16,14 @@
 //!   no later call uses is spilled to a preview when it arrives. Each one that is used is kept
 //!   whole, unless keeping it would cost more than reading it back. A repeat of an earlier output
 //!   becomes a reference to it, as the engine's deduplication does. Replay runs it twice: the first
-//!   pass spills every output and charges the read-backs, the second keeps the used outputs whose
+//!   pass spills every output and charges the read-backs. The second keeps the used outputs whose
 //!   estimated cost kept (tokens beyond the preview, written once and read at 0.1x on every later
-//!   call) is below their charged read-back. It shows what deciding each output's fate on arrival
-//!   can reach with perfect foresight, without the engine's per-call overhead (memory-tool schemas,
-//!   telemetry). It is not an exact minimum: the per-output estimate ignores the 1024-token
-//!   caching minimum and how one removal changes another's cache hits, and it never elides an
+//!   call) is below their charged read-back. Then one sweep flips each used output's choice in turn,
+//!   prices the whole session again, and keeps a flip that lowers the bill: that corrects the
+//!   estimate where cache effects (the 1024-token minimum, one removal moving another's hits)
+//!   decide. It shows what deciding each output's fate on arrival can reach with perfect foresight,
+//!   without the engine's per-call overhead (memory-tool schemas, telemetry). It is not an exact
+//!   minimum: the sweep finds a choice no single flip improves, and the oracle never elides an
 //!   output after its last use.
 //!
 //! Every policy places Anthropic cache breakpoints the way a well-configured client does: after

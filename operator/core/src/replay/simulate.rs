@@ -394,7 +394,7 @@ fn replay_anchor(
         Provider::OpenAi => 1.0,
     };
     let mut keep = vec![false; transcript.messages.len()];
-    for (index, read_back_units) in used {
+    for &(index, read_back_units) in &used {
         let message = &transcript.messages[index];
         let removed_tokens =
             message.text.chars().count().saturating_sub(options.anchors.oracle_spill.preview_chars) as f64
@@ -404,7 +404,25 @@ fn replay_anchor(
             removed_tokens * (write_price + CARRIED_READ_PRICE * calls_with_it.saturating_sub(1) as f64);
         keep[index] = kept_units < read_back_units;
     }
-    replay_anchor_pass(kind, transcript, options, times, tokens, calibration, keep).0
+    let (mut best, _) =
+        replay_anchor_pass(kind, transcript, options, times, tokens, calibration, keep.clone());
+    // The estimate prices each output alone. One sweep of single flips, each priced by a whole
+    // pass, corrects it where cache effects (the 1024-token minimum, one removal moving another's
+    // hits) make the other choice cheaper.
+    let mut candidates: Vec<usize> = used.iter().map(|&(index, _)| index).collect();
+    candidates.sort_unstable();
+    candidates.dedup();
+    for index in candidates {
+        keep[index] = !keep[index];
+        let (trial, _) =
+            replay_anchor_pass(kind, transcript, options, times, tokens, calibration, keep.clone());
+        if trial.units_with_read_backs() < best.units_with_read_backs() {
+            best = trial;
+        } else {
+            keep[index] = !keep[index];
+        }
+    }
+    best
 }
 
 /// One pass of an anchor policy over the session, with `marked` as the policy's per-message state
