@@ -23,8 +23,8 @@
 //!   estimate where cache effects (the 1024-token minimum, one removal moving another's hits)
 //!   decide. It shows what deciding each output's fate on arrival can reach with perfect foresight,
 //!   without the engine's per-call overhead (memory-tool schemas, telemetry). It is not an exact
-//!   minimum: the sweep finds a choice no single flip improves, and the oracle never elides an
-//!   output after its last use.
+//!   minimum: the sweep tries each flip once (at most 128 a session, dearest read-backs first), not
+//!   every combination, and the oracle never elides an output after its last use.
 //!
 //! Every policy places Anthropic cache breakpoints the way a well-configured client does: after
 //! the system prompt and at the end of the prompt.

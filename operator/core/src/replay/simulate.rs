@@ -33,6 +33,9 @@ use super::transcript::{Transcript, TranscriptMessage};
 /// What a cached prompt token costs on every later call, for both providers (fresh = 1).
 const CARRIED_READ_PRICE: f64 = 0.1;
 
+/// Most choices the oracle re-prices one by one in a session (each is a whole pass).
+const ORACLE_MAX_FLIPS: usize = 128;
+
 /// Uses of removed content kept per policy report as examples.
 const MAX_READ_BACK_EXAMPLES: usize = 3;
 
@@ -409,9 +412,16 @@ fn replay_anchor(
     // The estimate prices each output alone. One sweep of single flips, each priced by a whole
     // pass, corrects it where cache effects (the 1024-token minimum, one removal moving another's
     // hits) make the other choice cheaper.
-    let mut candidates: Vec<usize> = used.iter().map(|&(index, _)| index).collect();
-    candidates.sort_unstable();
-    candidates.dedup();
+    // Each flip is a whole pass, so a session with very many uses tries only the outputs whose
+    // read-backs cost most.
+    let mut by_cost = used.clone();
+    by_cost.sort_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
+    let mut candidates: Vec<usize> = Vec::new();
+    for (index, _) in by_cost {
+        if !candidates.contains(&index) && candidates.len() < ORACLE_MAX_FLIPS {
+            candidates.push(index);
+        }
+    }
     for index in candidates {
         keep[index] = !keep[index];
         let (trial, _) =
