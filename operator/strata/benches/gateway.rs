@@ -170,11 +170,23 @@ fn percentile(sorted: &[Duration], p: f64) -> Duration {
     sorted[index.min(sorted.len() - 1)]
 }
 
+/// A transport error with every cause under it (reqwest's own text names only the request).
+fn error_chain(error: &reqwest::Error) -> String {
+    let mut text = error.to_string();
+    let mut source = std::error::Error::source(error);
+    while let Some(cause) = source {
+        text.push_str(": ");
+        text.push_str(&cause.to_string());
+        source = cause.source();
+    }
+    text
+}
+
 /// Reads a whole answer; a failure (status or transport) is returned with its text.
 async fn read_all(response: Result<reqwest::Response, reqwest::Error>) -> Result<usize, String> {
-    let response = response.map_err(|error| error.to_string())?;
+    let response = response.map_err(|error| error_chain(&error))?;
     let status = response.status();
-    let body = response.bytes().await.map_err(|error| error.to_string())?;
+    let body = response.bytes().await.map_err(|error| error_chain(&error))?;
     if status.is_success() {
         Ok(body.len())
     } else {
@@ -289,7 +301,10 @@ async fn main() {
         Err(_) => None,
     };
     let state = Arc::new(Fake::default());
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    // The gateway's backlog, not tokio's 1024: 2,048 streams connect to the fake directly too.
+    let socket = tokio::net::TcpSocket::new_v4().unwrap();
+    socket.bind("127.0.0.1:0".parse().unwrap()).unwrap();
+    let listener = socket.listen(strata::gateway::LISTEN_BACKLOG).unwrap();
     let fake = listener.local_addr().unwrap();
     let router = Router::new().route("/v1/chat/completions", post(upstream)).with_state(Arc::clone(&state));
     tokio::spawn(async move { axum::serve(listener, router).await.unwrap() });
@@ -319,6 +334,12 @@ async fn main() {
             let after = journal_tokens(gateway.address).await;
             let (rss, peak) = rss_kib(gateway.child.id());
             let (anon, file) = rss_split_kib(gateway.child.id());
+            let mut kinds: Vec<&String> = phase.failures.iter().collect();
+            kinds.sort();
+            kinds.dedup();
+            for kind in kinds.iter().take(5) {
+                println!("  failure: {kind}");
+            }
             if let Some(first) = phase.failures.first() {
                 let through_gateway = phase.failures.iter().filter(|f| f.starts_with("gateway:")).count();
                 println!(
@@ -335,7 +356,7 @@ async fn main() {
             let (g50, g99) = (percentile(&phase.gateway, 0.5), percentile(&phase.gateway, 0.99));
             let (d50, d99) = (percentile(&phase.direct, 0.5), percentile(&phase.direct, 0.99));
             println!(
-                "journal {seeded_tokens:>7} tok ({before}->{after}) | {name:<13} n={:<5} | gateway p50 {:>9.0} µs p99 {:>9.0} µs | direct p50 {:>8.0} µs p99 {:>8.0} µs | added p50 {:>8.0} µs p99 {:>8.0} µs | RSS {} MiB (peak {} MiB; anon {} MiB, file {} MiB)",
+                "journal {seeded_tokens:>7} tok ({before}->{after}) | {name:<13} n={:<5} | gateway p50 {:>9.0} µs p99 {:>9.0} µs | direct p50 {:>8.0} µs p99 {:>8.0} µs | added p50 {:>8.0} µs p99 {:>8.0} µs | RSS {:.1} MiB (peak {:.1} MiB; anon {:.1} MiB, file {:.1} MiB)",
                 phase.gateway.len(),
                 micros(g50),
                 micros(g99),
@@ -343,10 +364,10 @@ async fn main() {
                 micros(d99),
                 micros(g50) - micros(d50),
                 micros(g99) - micros(d99),
-                rss / 1024,
-                peak / 1024,
-                anon / 1024,
-                file / 1024,
+                rss as f64 / 1024.0,
+                peak as f64 / 1024.0,
+                anon as f64 / 1024.0,
+                file as f64 / 1024.0,
             );
             let ratio = micros(g99) / micros(d99);
             println!("  p99 gateway / direct = {ratio:.2}x");

@@ -7,8 +7,11 @@ use clap::{Parser, Subcommand};
 /// jemalloc serves every allocation of every Strata process. The image links musl statically, whose
 /// allocator serialises threads; the glibc build used in development grows one arena per thread and
 /// keeps their free pages, so an always-on gateway's RSS drifted upwards (RELIABILITY.md, "Soak").
-/// jemalloc behaves the same in both builds and returns freed pages to the system after a short
-/// decay (tikv-jemallocator: the maintained binding TiKV ships with).
+/// jemalloc behaves the same in both builds (tikv-jemallocator: the maintained binding TiKV ships
+/// with). Its options are baked in at build time (`.cargo/config.toml`, and the `background_threads`
+/// feature): one arena, and freed pages returned to the system at once by a background thread, which
+/// keeps a sidecar's RSS near its live heap (BENCHMARKS.md, "The allocator setting, link-time
+/// optimisation and the listen backlog"; RELIABILITY.md, "Soak").
 #[global_allocator]
 static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 

@@ -31,7 +31,7 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
-use tokio::net::TcpListener;
+use tokio::net::{TcpListener, TcpSocket};
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
@@ -164,8 +164,19 @@ impl RunningGateway {
     }
 }
 
+/// Connections the kernel may queue for the gateway before it accepts them (the kernel caps it at
+/// `net.core.somaxconn`). tokio's default of 1024 overflowed when 2,048 streams connected at once:
+/// the kernel dropped the handshakes it could not queue, and their clients got resets.
+pub const LISTEN_BACKLOG: u32 = 4096;
+
 async fn bind(address: SocketAddr) -> Result<TcpListener, StartError> {
-    TcpListener::bind(address).await.map_err(|cause| StartError::Bind { address, cause })
+    let refused = |cause| StartError::Bind { address, cause };
+    let socket =
+        if address.is_ipv4() { TcpSocket::new_v4() } else { TcpSocket::new_v6() }.map_err(refused)?;
+    // What `TcpListener::bind` does too: a restarted gateway can bind while old connections linger.
+    socket.set_reuseaddr(true).map_err(refused)?;
+    socket.bind(address).map_err(refused)?;
+    socket.listen(LISTEN_BACKLOG).map_err(refused)
 }
 
 fn serve(listener: TcpListener, router: axum::Router, mut stop: watch::Receiver<bool>) -> JoinHandle<()> {
