@@ -327,7 +327,8 @@ pub fn replay_session(
         let report = if kind == PolicyKind::Strata {
             replay_strata(transcript, options, &times, |_, _| {})?
         } else {
-            replay_anchor(kind, transcript, options, &times, &mut tokens, &mut calibration)
+            let run = AnchorRun { kind, transcript, options, times: &times };
+            replay_anchor(run, &mut tokens, &mut calibration)
         };
         policies.push(report);
     }
@@ -375,16 +376,24 @@ fn reserved(budget: &BudgetPolicy) -> u64 {
     budget.reserved_completion_tokens + budget.protocol_overhead_tokens + budget.safety_margin_tokens
 }
 
-fn replay_anchor(
+/// What every pass of an anchor policy replays: the policy, the session, the options and the calls'
+/// times.
+#[derive(Clone, Copy)]
+struct AnchorRun<'a> {
     kind: PolicyKind,
-    transcript: &Transcript,
-    options: &ReplayOptions,
-    times: &[u64],
+    transcript: &'a Transcript,
+    options: &'a ReplayOptions,
+    times: &'a [u64],
+}
+
+fn replay_anchor(
+    run: AnchorRun<'_>,
     tokens: &mut TokenMemo<'_>,
     calibration: &mut TokenCalibration,
 ) -> PolicyReport {
+    let AnchorRun { kind, transcript, options, .. } = run;
     let unmarked = vec![false; transcript.messages.len()];
-    let (report, used) = replay_anchor_pass(kind, transcript, options, times, tokens, calibration, unmarked);
+    let (report, used) = replay_anchor_pass(run, tokens, calibration, unmarked);
     if kind != PolicyKind::Oracle {
         return report;
     }
@@ -407,13 +416,11 @@ fn replay_anchor(
             removed_tokens * (write_price + CARRIED_READ_PRICE * calls_with_it.saturating_sub(1) as f64);
         keep[index] = kept_units < read_back_units;
     }
-    let (mut best, _) =
-        replay_anchor_pass(kind, transcript, options, times, tokens, calibration, keep.clone());
+    let (mut best, _) = replay_anchor_pass(run, tokens, calibration, keep.clone());
     // The estimate prices each output alone. One sweep of single flips, each priced by a whole
     // pass, corrects it where cache effects (the 1024-token minimum, one removal moving another's
-    // hits) make the other choice cheaper.
-    // Each flip is a whole pass, so a session with very many uses tries only the outputs whose
-    // read-backs cost most.
+    // hits) make the other choice cheaper. A session with very many uses tries only the outputs
+    // whose read-backs cost most.
     let mut by_cost = used.clone();
     by_cost.sort_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
     let mut candidates: Vec<usize> = Vec::new();
@@ -424,8 +431,7 @@ fn replay_anchor(
     }
     for index in candidates {
         keep[index] = !keep[index];
-        let (trial, _) =
-            replay_anchor_pass(kind, transcript, options, times, tokens, calibration, keep.clone());
+        let (trial, _) = replay_anchor_pass(run, tokens, calibration, keep.clone());
         if trial.units_with_read_backs() < best.units_with_read_backs() {
             best = trial;
         } else {
@@ -439,14 +445,12 @@ fn replay_anchor(
 /// to start from (see [`anchor_variant`]). Returns the report and, for each removal a later call
 /// used, its message and what its read-back was charged.
 fn replay_anchor_pass(
-    kind: PolicyKind,
-    transcript: &Transcript,
-    options: &ReplayOptions,
-    times: &[u64],
+    run: AnchorRun<'_>,
     tokens: &mut TokenMemo<'_>,
     calibration: &mut TokenCalibration,
     mut marked: Vec<bool>,
 ) -> (PolicyReport, Vec<(usize, f64)>) {
+    let AnchorRun { kind, transcript, options, times } = run;
     let settings = &options.anchors;
     let messages = &transcript.messages;
     let index_of = MessageIndex::new(messages);
