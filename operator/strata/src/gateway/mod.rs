@@ -165,8 +165,8 @@ impl RunningGateway {
 }
 
 /// Connections the kernel may queue for the gateway before it accepts them (the kernel caps it at
-/// `net.core.somaxconn`). tokio's default of 1024 overflowed when 2,048 streams connected at once:
-/// the kernel dropped the handshakes it could not queue, and their clients got resets.
+/// `net.core.somaxconn`). With tokio's default of 1024, some of 2,048 streams connecting at once
+/// got connection resets; with this backlog none did (BENCHMARKS.md).
 pub const LISTEN_BACKLOG: u32 = 4096;
 
 async fn bind(address: SocketAddr) -> Result<TcpListener, StartError> {
