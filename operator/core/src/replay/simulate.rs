@@ -696,8 +696,7 @@ pub(crate) fn replay_strata_with(
                     .contains(anchor)
             });
             let later_calls = transcript.calls.len() - call - 1;
-            let _charged =
-                report.charge_read_backs(uses, &mut cache, &blocks, (now, later_calls), options.provider);
+            report.charge_read_backs(uses, &mut cache, &blocks, (now, later_calls), options.provider);
         }
         let effects = engine
             .record_answer(&settings, first_call, &answer, now)
