@@ -9,7 +9,8 @@
 //! is the difference of the percentiles of the two paths. Each phase starts from a fresh copy of the
 //! seeded journal. Concurrent streams start 100 µs apart and send one unmeasured request first (so
 //! connection setup is not measured), then run their measured requests back to back. Run with
-//! `cargo bench -p strata --bench gateway`; `STRATA_BENCH_QUICK=1` runs a shorter version.
+//! `cargo bench -p strata --bench gateway`; `STRATA_BENCH_QUICK=1` runs a shorter version, and
+//! `STRATA_BENCH_SEQUENTIAL=N` sets the sequential phases' request count (longer runs for a profiler).
 //!
 //! CI mode: `STRATA_BENCH_CI_MAX_RATIO=R` runs only the sequential phases (300 measured requests at
 //! each journal size) and exits non-zero when a request failed or the p99 ratio gateway / direct
@@ -277,6 +278,22 @@ async fn journal_tokens(gateway: SocketAddr) -> u64 {
     status["journalTokens"].as_u64().unwrap_or(0)
 }
 
+/// The sums and counts of the gateway's own overhead and upstream-wait histograms, in seconds.
+async fn own_times(metrics: SocketAddr) -> [f64; 4] {
+    let text = reqwest::get(format!("http://{metrics}/metrics")).await.unwrap().text().await.unwrap();
+    let value = |name: &str| {
+        text.lines()
+            .find_map(|line| line.strip_prefix(name).and_then(|rest| rest.trim().parse::<f64>().ok()))
+            .unwrap_or(0.0)
+    };
+    [
+        value("strata_gateway_added_overhead_seconds_sum"),
+        value("strata_gateway_added_overhead_seconds_count"),
+        value("strata_gateway_upstream_seconds_sum"),
+        value("strata_gateway_upstream_seconds_count"),
+    ]
+}
+
 fn bench_root() -> PathBuf {
     std::env::var_os("STRATA_BENCH_DIR").map(PathBuf::from).unwrap_or_else(std::env::temp_dir)
 }
@@ -312,6 +329,8 @@ async fn main() {
     let root = tempfile::tempdir_in(bench_root()).unwrap();
     let config_path = root.path().join("gateway.json");
     std::fs::write(&config_path, serde_json::to_vec(&config(fake)).unwrap()).unwrap();
+    let sequential_override =
+        std::env::var("STRATA_BENCH_SEQUENTIAL").ok().and_then(|text| text.parse().ok());
     let phases: &[(&str, usize, usize)] = if max_ratio.is_some() {
         &[("sequential", 1, 300)]
     } else if quick {
@@ -319,18 +338,27 @@ async fn main() {
     } else {
         &[("sequential", 1, 2000), ("256 streams", 256, 8), ("2048 streams", 2048, 2)]
     };
+    let phases: Vec<(&str, usize, usize)> = phases
+        .iter()
+        .map(|&(name, streams, count)| match sequential_override {
+            Some(count) if streams == 1 => (name, streams, count),
+            _ => (name, streams, count),
+        })
+        .collect();
     let mut regressions = Vec::new();
     println!("data dir root: {}", root.path().display());
     for target in [1_000u64, 200_000] {
         let seeded = root.path().join(format!("seed-{target}"));
         let seeded_tokens = seed(&seeded, target);
-        for &(name, streams, per_stream) in phases {
+        for &(name, streams, per_stream) in &phases {
             let data = root.path().join(format!("data-{target}-{streams}"));
             copy_dir(&seeded, &data);
             let gateway = spawn_gateway(&config_path, &data).await;
             run_phase(gateway.address, fake, Arc::clone(&state), 1, 20).await;
             let before = journal_tokens(gateway.address).await;
+            let own_before = own_times(gateway.metrics_address).await;
             let phase = run_phase(gateway.address, fake, Arc::clone(&state), streams, per_stream).await;
+            let own_after = own_times(gateway.metrics_address).await;
             let after = journal_tokens(gateway.address).await;
             let (rss, peak) = rss_kib(gateway.child.id());
             let (anon, file) = rss_split_kib(gateway.child.id());
@@ -370,7 +398,15 @@ async fn main() {
                 file as f64 / 1024.0,
             );
             let ratio = micros(g99) / micros(d99);
-            println!("  p99 gateway / direct = {ratio:.2}x");
+            let mean_micros = |sum: usize, count: usize| {
+                let calls = own_after[count] - own_before[count];
+                if calls > 0.0 { (own_after[sum] - own_before[sum]) / calls * 1e6 } else { 0.0 }
+            };
+            println!(
+                "  p99 gateway / direct = {ratio:.2}x | the gateway's own account, mean: its work {:.0} µs, waiting on the upstream {:.0} µs",
+                mean_micros(0, 1),
+                mean_micros(2, 3)
+            );
             if let Some(bound) = max_ratio
                 && ratio > bound
             {

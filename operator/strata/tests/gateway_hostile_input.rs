@@ -222,3 +222,39 @@ fn hostile_openai_bodies_get_a_4xx_in_openai_shape_never_a_5xx() {
 fn hostile_anthropic_bodies_get_a_4xx_in_anthropic_shape_never_a_5xx() {
     run(Provider::Anthropic, "/v1/messages");
 }
+
+/// A body over the limit is read and discarded before the 413, so a client still sending reads the
+/// refusal in its provider's shape, never a broken pipe or a reset (a declared length and a chunked
+/// body both).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_oversized_body_gets_its_413_not_a_broken_connection() {
+    let fake = FakeUpstream::start().await;
+    let gateway =
+        Harness::start_with(&fake, Provider::OpenAI, |_| {}, |args| args.max_body_bytes = 64 * 1024).await;
+    let oversized = vec![b' '; 4 * 1024 * 1024];
+    for attempt in 0..10 {
+        let declared = gateway
+            .client
+            .post(gateway.url("/v1/chat/completions"))
+            .header("content-type", "application/json")
+            .body(oversized.clone())
+            .send()
+            .await
+            .unwrap_or_else(|error| panic!("attempt {attempt}, declared length: {error:?}"));
+        assert_eq!(declared.status(), 413);
+        assert_error_shape(Provider::OpenAI, 413, &declared.text().await.unwrap());
+        let chunks = oversized
+            .chunks(256 * 1024)
+            .map(|chunk| Ok::<_, std::io::Error>(chunk.to_vec()))
+            .collect::<Vec<_>>();
+        let chunked = gateway
+            .client
+            .post(gateway.url("/v1/chat/completions"))
+            .header("content-type", "application/json")
+            .body(reqwest::Body::wrap_stream(futures::stream::iter(chunks)))
+            .send()
+            .await
+            .unwrap_or_else(|error| panic!("attempt {attempt}, chunked: {error:?}"));
+        assert_eq!(chunked.status(), 413);
+    }
+}

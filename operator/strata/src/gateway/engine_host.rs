@@ -1,18 +1,32 @@
-//! The session engine off the async runtime: engine work and fsyncs run on tokio's blocking pool,
-//! appends are made durable by group commit, and an engine that panicked or whose storage failed
-//! is dropped and reloaded from the journal once a probe write succeeds, never taken over.
+//! The session engine beside the async runtime: a request's engine calls run in place on the
+//! worker, one at a time in arrival order; other engine work and slow fsyncs run on tokio's
+//! blocking pool; appends are made durable by group commit; and an engine that panicked or whose
+//! storage failed is dropped and reloaded from the journal once a probe write succeeds, never taken
+//! over.
+//!
+//! In place: a request's engine calls (admitting its turn, compiling a call, journaling an answer)
+//! are short CPU work, tens to a few hundred microseconds. Handing each to the blocking pool cost
+//! two thread wake-ups, which on a virtual machine is more than the work itself (BENCHMARKS.md,
+//! issue 20). They wait for their turn on an async queue (no thread is parked on the lock), then
+//! run on the worker that polled them. When other work holds the engine (an admin call, a sweep,
+//! a reload), the call goes to the blocking pool instead of blocking the worker. An fsync runs in
+//! place too while the volume's fsyncs are fast (a moving average under
+//! [`INLINE_FSYNC_BELOW_MICROS`]), and on the blocking pool otherwise, so a slow disk never stalls
+//! a worker for long.
 //!
 //! Group commit: journal appends are written under the engine lock but fsynced outside it, one
 //! fsync covering every append made before it started, so concurrent turns share an fsync and no
-//! request holds the engine while the disk flushes. When no flush is in progress, the blocking task
-//! that did the work fsyncs right after releasing the engine (one hand-off per engine call); while
-//! one is, later requests wait for the next shared flush. A request's turn is journaled without
-//! waiting ([`EngineHost::run_unsynced`]) and made durable before the client is answered: by the
+//! request holds the engine while the disk flushes. When no flush is in progress, the thread that
+//! did the work fsyncs right after releasing the engine (when fsyncs are fast or it is a blocking
+//! task); while one is, later requests wait for the next shared flush. A request's turn is
+//! journaled without waiting ([`EngineHost::run_in_place_unsynced`]) and made durable before the client is answered: by the
 //! answer's own fsync, which covers it, or, for a stream, while the upstream call is under way.
 
+use std::panic::AssertUnwindSafe;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError, TryLockError};
+use std::time::Instant;
 
 use strata_core::journal::{JournalError, Storage};
 use strata_core::session::{CompactionOutcome, EngineError, SessionEngine, now_ms};
@@ -27,6 +41,25 @@ const PROBE_FILE: &str = "gateway/.write-probe";
 /// What a client is told after a storage fault.
 const RELOAD_REASON: &str =
     "the engine is reloaded from the journal once writes succeed again; send the request again";
+
+/// An fsync runs on the worker that asked for it while the moving average of recent fsyncs is
+/// below this; above it (a real disk), fsyncs run on the blocking pool.
+pub const INLINE_FSYNC_BELOW_MICROS: u64 = 100;
+
+/// The weight of the newest fsync in the moving average, as a shift: 1/8.
+const FSYNC_AVERAGE_SHIFT: u32 = 3;
+
+/// What engine work returns: its value, the engine's epoch and the engine's write sequence number.
+type Worked<T> = Result<(T, u64, u64), GatewayError>;
+
+/// Where an engine call runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Placement {
+    /// On the worker that polled the request (the engine was free).
+    InPlace,
+    /// On the blocking pool.
+    Blocking,
+}
 
 /// Why the engine is not loaded.
 #[derive(Debug, Clone)]
@@ -59,6 +92,11 @@ pub struct EngineHost {
     epoch: AtomicU64,
     synced: AtomicU64,
     flushing: tokio::sync::Mutex<()>,
+    /// The queue of in-place engine calls: they take turns here, in arrival order, without
+    /// parking a thread on the engine's lock.
+    turns: tokio::sync::Mutex<()>,
+    /// Moving average of fsync durations, in nanoseconds.
+    fsync_average_nanos: AtomicU64,
     reloads: AtomicU64,
     /// Where the compactions the engine concluded are counted.
     metrics: Metrics,
@@ -100,6 +138,8 @@ impl EngineHost {
             epoch: AtomicU64::new(0),
             synced: AtomicU64::new(0),
             flushing: tokio::sync::Mutex::new(()),
+            turns: tokio::sync::Mutex::new(()),
+            fsync_average_nanos: AtomicU64::new(0),
             reloads: AtomicU64::new(0),
             metrics,
         }
@@ -121,16 +161,19 @@ impl EngineHost {
     fn lock(&self) -> MutexGuard<'_, Slot> {
         match self.slot.lock() {
             Ok(guard) => guard,
-            Err(poisoned) => {
-                let mut guard = poisoned.into_inner();
-                self.slot.clear_poison();
-                guard.engine = None;
-                if guard.fault.is_none() {
-                    guard.fault = Some(Unloaded { cause: "the session engine panicked".into() });
-                }
-                guard
-            }
+            Err(poisoned) => self.recover(poisoned),
         }
+    }
+
+    /// The slot of a poisoned lock, with its engine dropped.
+    fn recover<'a>(&'a self, poisoned: PoisonError<MutexGuard<'a, Slot>>) -> MutexGuard<'a, Slot> {
+        let mut guard = poisoned.into_inner();
+        self.slot.clear_poison();
+        guard.engine = None;
+        if guard.fault.is_none() {
+            guard.fault = Some(Unloaded { cause: "the session engine panicked".into() });
+        }
+        guard
     }
 
     fn unload(&self, slot: &mut Slot, cause: String) {
@@ -186,12 +229,23 @@ impl EngineHost {
         self.lock().fault.as_ref().map(|fault| fault.cause.clone())
     }
 
-    /// Fsyncs `paths`; the error names the file.
+    /// Fsyncs `paths` and folds the time taken into the moving average; the error names the file.
     fn fsync(&self, paths: &[PathBuf]) -> Result<(), String> {
+        let started = Instant::now();
         for path in paths {
             self.storage.sync_file(path).map_err(|error| format!("fsync {}: {error}", path.display()))?;
         }
+        let nanos = u64::try_from(started.elapsed().as_nanos()).unwrap_or(u64::MAX);
+        // Races between two updates lose one sample at worst; the average stays an average.
+        let average = self.fsync_average_nanos.load(Ordering::Relaxed);
+        let updated = average - (average >> FSYNC_AVERAGE_SHIFT) + (nanos >> FSYNC_AVERAGE_SHIFT);
+        self.fsync_average_nanos.store(updated, Ordering::Relaxed);
         Ok(())
+    }
+
+    /// Whether fsyncs are fast enough to run on a worker.
+    fn fsyncs_are_fast(&self) -> bool {
+        self.fsync_average_nanos.load(Ordering::Relaxed) < INLINE_FSYNC_BELOW_MICROS * 1_000
     }
 
     /// After a failed fsync: unloads the engine of `epoch` (unless it was already reloaded) and
@@ -221,22 +275,135 @@ impl EngineHost {
         Ok(value)
     }
 
-    /// Runs `work` on the engine on the blocking pool without waiting for its writes to be durable:
-    /// the caller makes them durable with [`Self::make_durable`] (or a later [`Self::run`], whose
-    /// fsync covers every earlier write) before it acknowledges anything to its client. A request
-    /// uses this to journal its turn and go upstream at once, so the turn's fsync overlaps the
-    /// upstream call or is shared with the answer's.
-    pub async fn run_unsynced<T: Send + 'static>(
+    /// Returns once the writes of `pending` are durable (at once when a later fsync covered them).
+    pub async fn make_durable(self: &Arc<Self>, pending: PendingWrites) -> Result<(), GatewayError> {
+        self.wait_durable(pending.epoch, pending.seq).await
+    }
+
+    /// Runs a request's engine call in place when it can (see the module's comment) and returns
+    /// once its writes are durable.
+    pub async fn run_in_place<T: Send + 'static>(
+        self: &Arc<Self>,
+        settings: Arc<Settings>,
+        work: impl FnOnce(&mut SessionEngine) -> Result<T, EngineError> + Send + 'static,
+    ) -> Result<T, GatewayError> {
+        let (value, pending) = self.take_turn(settings, work, true).await?;
+        self.make_durable(pending).await?;
+        Ok(value)
+    }
+
+    /// [`Self::run_in_place`] without waiting for the writes to be durable: the caller makes them
+    /// durable with [`Self::make_durable`] (or a later [`Self::run`], whose fsync covers every
+    /// earlier write) before it acknowledges anything to its client. A request uses this to journal
+    /// its turn and go upstream at once, so the turn's fsync overlaps the upstream call or is shared
+    /// with the answer's.
+    pub async fn run_in_place_unsynced<T: Send + 'static>(
         self: &Arc<Self>,
         settings: Arc<Settings>,
         work: impl FnOnce(&mut SessionEngine) -> Result<T, EngineError> + Send + 'static,
     ) -> Result<(T, PendingWrites), GatewayError> {
-        self.hand_off(settings, work, false).await
+        self.take_turn(settings, work, false).await
     }
 
-    /// Returns once the writes of `pending` are durable (at once when a later fsync covered them).
-    pub async fn make_durable(self: &Arc<Self>, pending: PendingWrites) -> Result<(), GatewayError> {
-        self.wait_durable(pending.epoch, pending.seq).await
+    /// Waits for this call's turn, then runs it on this worker if the engine is free, or on the
+    /// blocking pool if other work holds it.
+    async fn take_turn<T: Send + 'static>(
+        self: &Arc<Self>,
+        settings: Arc<Settings>,
+        work: impl FnOnce(&mut SessionEngine) -> Result<T, EngineError> + Send + 'static,
+        sync_now: bool,
+    ) -> Result<(T, PendingWrites), GatewayError> {
+        let _turn = self.turns.lock().await;
+        let outcome = match self.try_in_place(&settings, work, sync_now) {
+            Ok(outcome) => outcome,
+            Err(work) => return self.hand_off(settings, work, sync_now).await,
+        };
+        let (value, epoch, seq) = match outcome {
+            Ok(result) => result?,
+            Err(payload) => {
+                return Err(
+                    self.panicked(format!("the session engine panicked: {}", panic_text(payload.as_ref())))
+                );
+            }
+        };
+        Ok((value, PendingWrites { epoch, seq }))
+    }
+
+    /// Runs `work` on this thread if the engine is free (a panic is caught and returned), or gives
+    /// `work` back if other work holds the engine.
+    fn try_in_place<T, W: FnOnce(&mut SessionEngine) -> Result<T, EngineError>>(
+        &self,
+        settings: &Settings,
+        work: W,
+        sync_now: bool,
+    ) -> Result<std::thread::Result<Worked<T>>, W> {
+        let slot = match self.slot.try_lock() {
+            Ok(guard) => guard,
+            Err(TryLockError::Poisoned(poisoned)) => self.recover(poisoned),
+            Err(TryLockError::WouldBlock) => return Err(work),
+        };
+        Ok(std::panic::catch_unwind(AssertUnwindSafe(|| {
+            self.work_locked(slot, settings, work, sync_now, Placement::InPlace)
+        })))
+    }
+
+    /// Runs `work` on the locked engine; with `sync_now`, fsyncs afterwards (outside the lock)
+    /// when no flush is in progress and, in place, when fsyncs are fast. Returns the value, the
+    /// engine's epoch and its write sequence number.
+    fn work_locked<T>(
+        &self,
+        mut slot: MutexGuard<'_, Slot>,
+        settings: &Settings,
+        work: impl FnOnce(&mut SessionEngine) -> Result<T, EngineError>,
+        sync_now: bool,
+        placement: Placement,
+    ) -> Worked<T> {
+        let epoch = self.epoch.load(Ordering::Acquire);
+        let engine = self.ensure_loaded(&mut slot, settings)?;
+        let value = work(engine);
+        for warning in engine.take_warnings() {
+            tracing::warn!(%warning, "session engine");
+        }
+        self.count_compactions(engine.take_compaction_outcomes());
+        let seq = engine.appended_seq();
+        let poisoned = engine.journal().is_poisoned();
+        let value = match value {
+            Err(error) if is_storage_fault(&error) || poisoned => {
+                let cause = error.to_string();
+                self.unload(&mut slot, cause.clone());
+                return Err(GatewayError::EngineUnavailable { cause, reason: RELOAD_REASON.into() });
+            }
+            Err(error) => return Err(GatewayError::Engine(error)),
+            Ok(value) => value,
+        };
+        // The common case: no flush in progress, so this thread fsyncs at once (after letting go
+        // of the engine) instead of handing the flush to another task. Writes of other requests
+        // made before the target was taken are covered too. In place, only a fast fsync is run
+        // here; a slow one is left to `make_durable`, on the blocking pool.
+        if sync_now
+            && (placement == Placement::Blocking || self.fsyncs_are_fast())
+            && self.synced.load(Ordering::Acquire) < seq
+            && let Ok(_flushing) = self.flushing.try_lock()
+        {
+            let target = engine.durable_target();
+            drop(slot);
+            if let Err(cause) = self.fsync(&target.paths) {
+                return Err(self.fsync_failed(epoch, &cause));
+            }
+            self.synced.fetch_max(target.seq, Ordering::AcqRel);
+        }
+        Ok((value, epoch, seq))
+    }
+
+    /// After engine work panicked: unloads the engine (it is reloaded from the journal on the
+    /// next call) and says so.
+    fn panicked(&self, cause: String) -> GatewayError {
+        let mut slot = self.lock();
+        self.unload(&mut slot, cause.clone());
+        GatewayError::EngineUnavailable {
+            cause,
+            reason: "it is reloaded from the journal on the next request".into(),
+        }
     }
 
     /// One hand-off of `work` to the blocking pool; with `sync_now`, the same blocking task fsyncs
@@ -249,40 +416,7 @@ impl EngineHost {
     ) -> Result<(T, PendingWrites), GatewayError> {
         let host = Arc::clone(self);
         let outcome = tokio::task::spawn_blocking(move || {
-            let mut slot = host.lock();
-            let epoch = host.epoch.load(Ordering::Acquire);
-            let engine = host.ensure_loaded(&mut slot, &settings)?;
-            let value = work(engine);
-            for warning in engine.take_warnings() {
-                tracing::warn!(%warning, "session engine");
-            }
-            host.count_compactions(engine.take_compaction_outcomes());
-            let seq = engine.appended_seq();
-            let poisoned = engine.journal().is_poisoned();
-            let value = match value {
-                Err(error) if is_storage_fault(&error) || poisoned => {
-                    let cause = error.to_string();
-                    host.unload(&mut slot, cause.clone());
-                    return Err(GatewayError::EngineUnavailable { cause, reason: RELOAD_REASON.into() });
-                }
-                Err(error) => return Err(GatewayError::Engine(error)),
-                Ok(value) => value,
-            };
-            // The common case: no flush in progress, so this thread fsyncs at once (after letting go
-            // of the engine) instead of handing the flush to another blocking task. Writes of other
-            // requests made before the target was taken are covered too.
-            if sync_now
-                && host.synced.load(Ordering::Acquire) < seq
-                && let Ok(_flushing) = host.flushing.try_lock()
-            {
-                let target = engine.durable_target();
-                drop(slot);
-                if let Err(cause) = host.fsync(&target.paths) {
-                    return Err(host.fsync_failed(epoch, &cause));
-                }
-                host.synced.fetch_max(target.seq, Ordering::AcqRel);
-            }
-            Ok((value, epoch, seq))
+            host.work_locked(host.lock(), &settings, work, sync_now, Placement::Blocking)
         })
         .await;
         let (value, epoch, seq) = match outcome {
@@ -292,12 +426,7 @@ impl EngineHost {
                     Ok(payload) => format!("the session engine panicked: {}", panic_text(payload.as_ref())),
                     Err(join) => format!("the session engine task failed: {join}"),
                 };
-                let mut slot = self.lock();
-                self.unload(&mut slot, cause.clone());
-                return Err(GatewayError::EngineUnavailable {
-                    cause,
-                    reason: "it is reloaded from the journal on the next request".into(),
-                });
+                return Err(self.panicked(cause));
             }
         };
         Ok((value, PendingWrites { epoch, seq }))
@@ -362,6 +491,95 @@ mod tests {
         )
         .unwrap();
         Arc::new(Settings::from_config(config, &dir.join("gateway.json")).unwrap())
+    }
+
+    fn host(dir: &Path, settings: &Settings) -> Arc<EngineHost> {
+        let engine = SessionEngine::open(dir, &settings.session, now_ms()).unwrap();
+        Arc::new(EngineHost::new(engine, Arc::new(StdStorage), dir, Metrics::new().unwrap()))
+    }
+
+    /// Engine work that journals a user note and returns the write sequence number.
+    fn append_note(
+        settings: &Arc<Settings>,
+    ) -> impl FnOnce(&mut SessionEngine) -> Result<u64, EngineError> + Send + use<> {
+        let settings = Arc::clone(settings);
+        move |engine| {
+            let content = strata_core::entry::Content::text("a note");
+            engine.append_own(&settings.session, strata_core::entry::Role::User, content, now_ms())?;
+            Ok(engine.appended_seq())
+        }
+    }
+
+    #[tokio::test]
+    async fn a_panic_in_place_unloads_the_engine_and_the_next_call_reloads_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let settings = settings(dir.path());
+        let host = host(dir.path(), &settings);
+        let failed = host
+            .run_in_place(Arc::clone(&settings), |_| -> Result<(), EngineError> { panic!("in place") })
+            .await;
+        let Err(GatewayError::EngineUnavailable { cause, .. }) = failed else { panic!("{failed:?}") };
+        assert!(cause.contains("panicked: in place"), "{cause}");
+        assert!(host.fault().unwrap().contains("in place"));
+        host.run_in_place(Arc::clone(&settings), |engine| Ok(engine.journal().generation())).await.unwrap();
+        assert_eq!((host.reloads(), host.fault()), (1, None));
+    }
+
+    /// On a current-thread runtime, a call that blocked its worker on the engine's lock would stop
+    /// every other task; the ticker shows the worker kept running while other work held the engine.
+    #[tokio::test]
+    async fn a_call_meeting_a_busy_engine_waits_on_the_blocking_pool_not_on_the_worker() {
+        let dir = tempfile::tempdir().unwrap();
+        let settings = settings(dir.path());
+        let host = host(dir.path(), &settings);
+        let (started_tx, started_rx) = tokio::sync::oneshot::channel();
+        let busy = {
+            let host = Arc::clone(&host);
+            let settings = Arc::clone(&settings);
+            tokio::spawn(async move {
+                host.run(settings, move |_| {
+                    let _ = started_tx.send(());
+                    std::thread::sleep(std::time::Duration::from_millis(300));
+                    Ok(())
+                })
+                .await
+            })
+        };
+        started_rx.await.unwrap();
+        let ticks = Arc::new(AtomicU64::new(0));
+        let ticker = {
+            let ticks = Arc::clone(&ticks);
+            tokio::spawn(async move {
+                loop {
+                    tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+                    ticks.fetch_add(1, Ordering::Relaxed);
+                }
+            })
+        };
+        let seq = host.run_in_place(Arc::clone(&settings), append_note(&settings)).await.unwrap();
+        ticker.abort();
+        busy.await.unwrap().unwrap();
+        assert!(seq > 0, "the call ran once the engine was free");
+        assert!(ticks.load(Ordering::Relaxed) >= 5, "the worker was blocked: {ticks:?}");
+    }
+
+    #[tokio::test]
+    async fn fast_fsyncs_run_in_place_and_slow_ones_are_left_to_the_blocking_pool() {
+        let dir = tempfile::tempdir().unwrap();
+        let settings = settings(dir.path());
+        let host = host(dir.path(), &settings);
+
+        let (seq, pending) =
+            host.take_turn(Arc::clone(&settings), append_note(&settings), true).await.unwrap();
+        assert!(host.synced.load(Ordering::Acquire) >= seq, "a fast volume: fsynced in place");
+        host.make_durable(pending).await.unwrap();
+
+        host.fsync_average_nanos.store(5_000_000, Ordering::Relaxed);
+        let (seq, pending) =
+            host.take_turn(Arc::clone(&settings), append_note(&settings), true).await.unwrap();
+        assert!(host.synced.load(Ordering::Acquire) < seq, "a slow volume: not fsynced on the worker");
+        host.make_durable(pending).await.unwrap();
+        assert!(host.synced.load(Ordering::Acquire) >= seq, "made durable on the blocking pool");
     }
 
     #[tokio::test]

@@ -93,13 +93,22 @@ impl Gateway {
         self.engine.run(self.live.get(), work).await
     }
 
-    /// Runs `work` on the engine without waiting for its writes to be durable; see
-    /// [`EngineHost::run_unsynced`].
-    async fn with_engine_unsynced<T: Send + 'static>(
+    /// Runs a request's engine call in place (see [`EngineHost::run_in_place`]) and returns once
+    /// its writes are durable.
+    async fn with_engine_in_place<T: Send + 'static>(
+        &self,
+        work: impl FnOnce(&mut SessionEngine) -> Result<T, EngineError> + Send + 'static,
+    ) -> Result<T, GatewayError> {
+        self.engine.run_in_place(self.live.get(), work).await
+    }
+
+    /// Runs a request's engine call in place without waiting for its writes to be durable; see
+    /// [`EngineHost::run_in_place_unsynced`].
+    async fn with_engine_in_place_unsynced<T: Send + 'static>(
         &self,
         work: impl FnOnce(&mut SessionEngine) -> Result<T, EngineError> + Send + 'static,
     ) -> Result<(T, PendingWrites), GatewayError> {
-        self.engine.run_unsynced(self.live.get(), work).await
+        self.engine.run_in_place_unsynced(self.live.get(), work).await
     }
 }
 
@@ -200,7 +209,7 @@ async fn prepare(
     let operation = operation_id.clone();
     let work_head = head.clone();
     let ((request, outcome, ask), turn_writes) = gateway
-        .with_engine_unsynced(move |engine| {
+        .with_engine_in_place_unsynced(move |engine| {
             let turn = TurnRequest {
                 request: &request,
                 transparent,
@@ -289,7 +298,7 @@ async fn plan(gateway: &Gateway, prepared: &mut Prepared) -> Result<UpstreamCall
         None => {
             let settings = Arc::clone(&prepared.settings);
             let head = prepared.head.clone();
-            gateway.with_engine(move |engine| engine.next_call(&settings.session, head)).await?
+            gateway.with_engine_in_place(move |engine| engine.next_call(&settings.session, head)).await?
         }
     };
     gateway.metrics.churn.with_label_values(&[call.churn.label()]).inc();
@@ -342,7 +351,7 @@ async fn load_summarised(
     let settings = Arc::clone(&prepared.settings);
     let answer = output.clone();
     let loaded = gateway
-        .with_engine(move |engine| engine.deliver_schemas(&settings.session, &answer, now_ms()))
+        .with_engine_in_place(move |engine| engine.deliver_schemas(&settings.session, &answer, now_ms()))
         .await?;
     if loaded.is_empty() {
         return Ok(Some(call));
@@ -403,7 +412,7 @@ async fn record_round(
     // Only a transparent session remembers its answer, and only it needs the earlier texts.
     let mut texts = chain_tail.map(|_| earlier_texts.to_vec());
     let (effects, call, ask) = gateway
-        .with_engine(move |engine| {
+        .with_engine_in_place(move |engine| {
             let effects = engine.record_answer(&settings.session, &call, &answer, now_ms())?;
             if let Some(texts) = texts.as_mut().filter(|_| !effects.internal) {
                 texts.push(answer.text.clone());

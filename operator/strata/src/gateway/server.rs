@@ -3,11 +3,12 @@
 use std::sync::Arc;
 
 use axum::Router;
-use axum::body::{Body, to_bytes};
+use axum::body::Body;
 use axum::extract::{Path, Request, State};
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
+use futures::StreamExt;
 use serde_json::{Value, json};
 
 use super::errors::{GatewayError, json_response};
@@ -137,12 +138,46 @@ async fn read_body(
         .get(header::CONTENT_LENGTH)
         .and_then(|value| value.to_str().ok())
         .and_then(|value| value.parse::<usize>().ok());
+    let (parts, body) = request.into_parts();
     if declared.is_some_and(|length| length > limit) {
+        drain(body).await;
         return Err(GatewayError::PayloadTooLarge { limit });
     }
-    let (parts, body) = request.into_parts();
-    let bytes = to_bytes(body, limit).await.map_err(|_| GatewayError::PayloadTooLarge { limit })?;
-    Ok((parts.headers, bytes))
+    let mut stream = body.into_data_stream();
+    let mut bytes = bytes::BytesMut::new();
+    while let Some(chunk) = stream.next().await {
+        let chunk =
+            chunk.map_err(|error| GatewayError::BadRequest(format!("reading the request body: {error}")))?;
+        if bytes.len() + chunk.len() > limit {
+            drain(Body::from_stream(stream)).await;
+            return Err(GatewayError::PayloadTooLarge { limit });
+        }
+        bytes.extend_from_slice(&chunk);
+    }
+    Ok((parts.headers, bytes.freeze()))
+}
+
+/// Bytes of a refused body read and discarded before the refusal is sent, at most.
+const DRAIN_MAX_BYTES: usize = 64 * 1024 * 1024;
+
+/// Time spent reading and discarding a refused body, at most.
+const DRAIN_MAX_TIME: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// Reads and discards the rest of a refused body (at most [`DRAIN_MAX_BYTES`], for at most
+/// [`DRAIN_MAX_TIME`]), so the client, still sending, reads the 413 instead of a broken pipe: a
+/// server that answers and closes with unread bytes in its socket resets the connection.
+async fn drain(body: Body) {
+    let mut stream = body.into_data_stream();
+    let mut read = 0usize;
+    let _ = tokio::time::timeout(DRAIN_MAX_TIME, async {
+        while let Some(Ok(chunk)) = stream.next().await {
+            read += chunk.len();
+            if read > DRAIN_MAX_BYTES {
+                break;
+            }
+        }
+    })
+    .await;
 }
 
 async fn serve_chat(gateway: Arc<Gateway>, api: Api, request: Request) -> Response {
