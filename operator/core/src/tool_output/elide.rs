@@ -95,8 +95,18 @@ pub fn has_elidable_output(entry: &Entry, policy: &ElisionPolicy) -> bool {
     entry.content.tool_results.iter().any(|result| is_elidable(&result.output, policy))
 }
 
+/// Whether `output` has more than `elide_over_chars` characters. Planning asks this of every old
+/// output on every request, so the byte length settles it without counting where it can: a
+/// character takes one to four bytes.
 fn is_elidable(output: &str, policy: &ElisionPolicy) -> bool {
-    output.chars().nth(policy.elide_over_chars).is_some()
+    let limit = policy.elide_over_chars;
+    if output.len() <= limit {
+        return false;
+    }
+    if output.len() / 4 > limit {
+        return true;
+    }
+    output.chars().nth(limit).is_some()
 }
 
 /// Plans the next elision batch, or `None` when eliding now would not pay for the cache rewrite.
@@ -112,24 +122,34 @@ pub fn plan_elision(
     remaining_calls_estimate: u64,
     pricing: CachePricing,
 ) -> Option<ElisionBatch> {
-    let ages = rounds_after(entries);
     // Planning runs on every request, so it must not re-tokenize or hash outputs: the entry's stored
-    // token count is split across its outputs by characters, and the marker line is counted once.
-    let marker_tokens = tokens_of(&render_elided("", policy.elide_keep_chars, &ArtifactRef::for_bytes(b"")));
+    // token count is split across its outputs by characters, and the marker line is counted once,
+    // when there is something to elide. Entries are walked newest first, counting the rounds after
+    // each, and only those with an elidable output are looked at further.
+    let mut marker_tokens = None;
     let mut ids = Vec::new();
     let mut first_changed_index = None;
     let mut saved_tokens = 0u64;
-    for (index, entry) in entries.iter().enumerate() {
-        if ages[index] < policy.elide_after_rounds
-            || already_elided.contains(&entry.id)
+    let mut rounds = 0;
+    for (index, entry) in entries.iter().enumerate().rev() {
+        let age = rounds;
+        if entry.role == Role::Assistant {
+            rounds += 1;
+        }
+        if age < policy.elide_after_rounds
             || !has_elidable_output(entry, policy)
+            || already_elided.contains(&entry.id)
         {
             continue;
         }
-        saved_tokens += estimated_saving(entry, policy, marker_tokens);
-        first_changed_index.get_or_insert(index);
+        let marker = *marker_tokens.get_or_insert_with(|| {
+            tokens_of(&render_elided("", policy.elide_keep_chars, &ArtifactRef::for_bytes(b"")))
+        });
+        saved_tokens += estimated_saving(entry, policy, marker);
+        first_changed_index = Some(index);
         ids.push(entry.id);
     }
+    ids.reverse();
     let first_changed_index = first_changed_index?;
     let economics = RemovalEconomics::for_batch(
         entries,

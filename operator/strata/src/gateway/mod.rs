@@ -31,6 +31,7 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
+use axum::serve::ListenerExt;
 use tokio::net::{TcpListener, TcpSocket};
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
@@ -179,7 +180,15 @@ async fn bind(address: SocketAddr) -> Result<TcpListener, StartError> {
     socket.listen(LISTEN_BACKLOG).map_err(refused)
 }
 
+/// Serves `router` on `listener` until `stop`. Accepted connections send without Nagle's delay
+/// (`TCP_NODELAY`, which axum leaves off): a streamed answer is many small writes, and with Nagle
+/// each waits for the client's acknowledgement of the last, which a client may delay by 40 ms.
 fn serve(listener: TcpListener, router: axum::Router, mut stop: watch::Receiver<bool>) -> JoinHandle<()> {
+    let listener = listener.tap_io(|connection| {
+        if let Err(error) = connection.set_nodelay(true) {
+            tracing::debug!(%error, "cannot set TCP_NODELAY on an accepted connection");
+        }
+    });
     tokio::spawn(async move {
         let shutdown = async move {
             let _ = stop.wait_for(|stopped| *stopped).await;
