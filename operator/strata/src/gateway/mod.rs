@@ -415,19 +415,30 @@ pub fn run(args: &GatewayArgs) -> anyhow::Result<()> {
         .max_blocking_threads(MAX_BLOCKING_THREADS)
         .enable_all()
         .build()?;
-    runtime.block_on(async {
-        let mut running = start(args).await?;
-        tokio::select! {
-            () = wait_for_signal() => {}
-            error = running.failed() => {
-                running.shutdown().await;
-                return Err(error.into());
-            }
-        }
-        tracing::info!("stopping: finishing open requests");
-        running.shutdown().await;
-        Ok(())
+    let args = args.clone();
+    // The gateway starts on a worker, not on this thread: opening the engine counts tokens, and the
+    // tokenizer keeps a 1.2 MB cache per thread that counts. On a worker, the cache is the one the
+    // request path uses later; on this thread, which then only waits, it would be kept for nothing.
+    runtime.block_on(async move {
+        tokio::spawn(run_until_stopped(args))
+            .await
+            .unwrap_or_else(|join| Err(anyhow::anyhow!("the gateway's main task failed: {join}")))
     })
+}
+
+/// Starts the gateway and serves until SIGINT, SIGTERM or a failure.
+async fn run_until_stopped(args: GatewayArgs) -> anyhow::Result<()> {
+    let mut running = start(&args).await?;
+    tokio::select! {
+        () = wait_for_signal() => {}
+        error = running.failed() => {
+            running.shutdown().await;
+            return Err(error.into());
+        }
+    }
+    tracing::info!("stopping: finishing open requests");
+    running.shutdown().await;
+    Ok(())
 }
 
 async fn wait_for_signal() {
