@@ -16,7 +16,7 @@ use strata_core::compaction::{
 use strata_core::session::{CompactionAsk, is_superseded, now_ms};
 
 use super::config::{LiveSettings, Settings};
-use super::engine_host::EngineHost;
+use super::engine_host::{EngineHost, Placement};
 use super::errors::GatewayError;
 use super::metrics::Metrics;
 use crate::compact::llm::LlmSummarizer;
@@ -101,7 +101,9 @@ impl Compactor {
                 let work = Arc::clone(&settings);
                 let outcome = self
                     .engine
-                    .run(Arc::clone(&settings), move |engine| engine.compact(&work.session, &ask, now_ms()))
+                    .run(Placement::Blocking, Arc::clone(&settings), move |engine| {
+                        engine.compact(&work.session, &ask, now_ms())
+                    })
                     .await?;
                 self.count_committed(&outcome);
                 return Ok(outcome);
@@ -112,7 +114,7 @@ impl Compactor {
         let work_ask = ask.clone();
         let prepared = self
             .engine
-            .run(Arc::clone(&settings), move |engine| {
+            .run(Placement::Blocking, Arc::clone(&settings), move |engine| {
                 engine.prepare_compaction(&work.session, &work_ask, now_ms())
             })
             .await?;
@@ -129,7 +131,7 @@ impl Compactor {
         let work = Arc::clone(&settings);
         let outcome = self
             .engine
-            .run(Arc::clone(&settings), move |engine| {
+            .run(Placement::Blocking, Arc::clone(&settings), move |engine| {
                 engine.finish_compaction(&work.session, prepared, state, &version, now_ms())
             })
             .await?;

@@ -54,10 +54,10 @@ type Worked<T> = Result<(T, u64, u64), GatewayError>;
 
 /// Where an engine call runs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Placement {
-    /// On the worker that polled the request (the engine was free).
+pub enum Placement {
+    /// On the worker that polled it, when the engine is free (a request's short calls).
     InPlace,
-    /// On the blocking pool.
+    /// On the blocking pool (admin calls, sweeps and other work that may take long).
     Blocking,
 }
 
@@ -264,13 +264,18 @@ impl EngineHost {
         self.reloads.load(Ordering::Relaxed)
     }
 
-    /// Runs `work` on the engine on the blocking pool and returns once its writes are durable.
+    /// Runs `work` on the engine where `placement` says (in place: see the module's comment) and
+    /// returns once its writes are durable.
     pub async fn run<T: Send + 'static>(
         self: &Arc<Self>,
+        placement: Placement,
         settings: Arc<Settings>,
         work: impl FnOnce(&mut SessionEngine) -> Result<T, EngineError> + Send + 'static,
     ) -> Result<T, GatewayError> {
-        let (value, pending) = self.hand_off(settings, work, true).await?;
+        let (value, pending) = match placement {
+            Placement::InPlace => self.take_turn(settings, work, true).await?,
+            Placement::Blocking => self.hand_off(settings, work, true).await?,
+        };
         self.make_durable(pending).await?;
         Ok(value)
     }
@@ -280,19 +285,7 @@ impl EngineHost {
         self.wait_durable(pending.epoch, pending.seq).await
     }
 
-    /// Runs a request's engine call in place when it can (see the module's comment) and returns
-    /// once its writes are durable.
-    pub async fn run_in_place<T: Send + 'static>(
-        self: &Arc<Self>,
-        settings: Arc<Settings>,
-        work: impl FnOnce(&mut SessionEngine) -> Result<T, EngineError> + Send + 'static,
-    ) -> Result<T, GatewayError> {
-        let (value, pending) = self.take_turn(settings, work, true).await?;
-        self.make_durable(pending).await?;
-        Ok(value)
-    }
-
-    /// [`Self::run_in_place`] without waiting for the writes to be durable: the caller makes them
+    /// [`Self::run`] in place without waiting for the writes to be durable: the caller makes them
     /// durable with [`Self::make_durable`] (or a later [`Self::run`], whose fsync covers every
     /// earlier write) before it acknowledges anything to its client. A request uses this to journal
     /// its turn and go upstream at once, so the turn's fsync overlaps the upstream call or is shared
@@ -510,21 +503,6 @@ mod tests {
         }
     }
 
-    #[tokio::test]
-    async fn a_panic_in_place_unloads_the_engine_and_the_next_call_reloads_it() {
-        let dir = tempfile::tempdir().unwrap();
-        let settings = settings(dir.path());
-        let host = host(dir.path(), &settings);
-        let failed = host
-            .run_in_place(Arc::clone(&settings), |_| -> Result<(), EngineError> { panic!("in place") })
-            .await;
-        let Err(GatewayError::EngineUnavailable { cause, .. }) = failed else { panic!("{failed:?}") };
-        assert!(cause.contains("panicked: in place"), "{cause}");
-        assert!(host.fault().unwrap().contains("in place"));
-        host.run_in_place(Arc::clone(&settings), |engine| Ok(engine.journal().generation())).await.unwrap();
-        assert_eq!((host.reloads(), host.fault()), (1, None));
-    }
-
     /// On a current-thread runtime, a call that blocked its worker on the engine's lock would stop
     /// every other task; the ticker shows the worker kept running while other work held the engine.
     #[tokio::test]
@@ -537,7 +515,7 @@ mod tests {
             let host = Arc::clone(&host);
             let settings = Arc::clone(&settings);
             tokio::spawn(async move {
-                host.run(settings, move |_| {
+                host.run(Placement::Blocking, settings, move |_| {
                     let _ = started_tx.send(());
                     std::thread::sleep(std::time::Duration::from_millis(300));
                     Ok(())
@@ -556,7 +534,7 @@ mod tests {
                 }
             })
         };
-        let seq = host.run_in_place(Arc::clone(&settings), append_note(&settings)).await.unwrap();
+        let seq = host.run(Placement::InPlace, Arc::clone(&settings), append_note(&settings)).await.unwrap();
         ticker.abort();
         busy.await.unwrap().unwrap();
         assert!(seq > 0, "the call ran once the engine was free");
@@ -584,23 +562,29 @@ mod tests {
 
     #[tokio::test]
     async fn a_panic_unloads_the_engine_and_the_next_call_reloads_it_from_the_journal() {
-        let dir = tempfile::tempdir().unwrap();
-        let settings = settings(dir.path());
-        let engine = SessionEngine::open(dir.path(), &settings.session, now_ms()).unwrap();
-        let metrics = Metrics::new().unwrap();
-        let host = Arc::new(EngineHost::new(engine, Arc::new(StdStorage), dir.path(), metrics));
-        let generation =
-            host.run(Arc::clone(&settings), |engine| Ok(engine.journal().generation())).await.unwrap();
+        for placement in [Placement::Blocking, Placement::InPlace] {
+            let dir = tempfile::tempdir().unwrap();
+            let settings = settings(dir.path());
+            let host = host(dir.path(), &settings);
+            let generation = host
+                .run(placement, Arc::clone(&settings), |engine| Ok(engine.journal().generation()))
+                .await
+                .unwrap();
 
-        let failed = host.run(Arc::clone(&settings), |_| -> Result<(), EngineError> { panic!("boom") }).await;
-        let Err(GatewayError::EngineUnavailable { cause, .. }) = failed else { panic!("{failed:?}") };
-        assert!(cause.contains("panicked: boom"), "{cause}");
-        assert!(host.fault().unwrap().contains("boom"), "not ready until reloaded");
-        assert_eq!(host.reloads(), 0);
+            let failed = host
+                .run(placement, Arc::clone(&settings), |_| -> Result<(), EngineError> { panic!("boom") })
+                .await;
+            let Err(GatewayError::EngineUnavailable { cause, .. }) = failed else { panic!("{failed:?}") };
+            assert!(cause.contains("panicked: boom"), "{placement:?}: {cause}");
+            assert!(host.fault().unwrap().contains("boom"), "{placement:?}: not ready until reloaded");
+            assert_eq!(host.reloads(), 0);
 
-        let after =
-            host.run(Arc::clone(&settings), |engine| Ok(engine.journal().generation())).await.unwrap();
-        assert_eq!(after, generation, "reloaded from the same journal");
-        assert_eq!((host.reloads(), host.fault()), (1, None));
+            let after = host
+                .run(placement, Arc::clone(&settings), |engine| Ok(engine.journal().generation()))
+                .await
+                .unwrap();
+            assert_eq!(after, generation, "{placement:?}: reloaded from the same journal");
+            assert_eq!((host.reloads(), host.fault()), (1, None), "{placement:?}");
+        }
     }
 }

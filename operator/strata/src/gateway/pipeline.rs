@@ -33,7 +33,7 @@ use strata_core::session::{
 use tokio::sync::mpsc;
 
 use super::config::{LiveSettings, Settings};
-use super::engine_host::{EngineHost, PendingWrites};
+use super::engine_host::{EngineHost, PendingWrites, Placement};
 use super::errors::GatewayError;
 use super::inspect::{InspectLog, RequestRecord, RoundRecord, cache_outcome};
 use super::metrics::Metrics;
@@ -90,16 +90,16 @@ impl Gateway {
         &self,
         work: impl FnOnce(&mut SessionEngine) -> Result<T, EngineError> + Send + 'static,
     ) -> Result<T, GatewayError> {
-        self.engine.run(self.live.get(), work).await
+        self.engine.run(Placement::Blocking, self.live.get(), work).await
     }
 
-    /// Runs a request's engine call in place (see [`EngineHost::run_in_place`]) and returns once
+    /// Runs a request's engine call in place (see [`EngineHost::run`]) and returns once
     /// its writes are durable.
     async fn with_engine_in_place<T: Send + 'static>(
         &self,
         work: impl FnOnce(&mut SessionEngine) -> Result<T, EngineError> + Send + 'static,
     ) -> Result<T, GatewayError> {
-        self.engine.run_in_place(self.live.get(), work).await
+        self.engine.run(Placement::InPlace, self.live.get(), work).await
     }
 
     /// Runs a request's engine call in place without waiting for its writes to be durable; see
