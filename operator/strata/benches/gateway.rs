@@ -11,6 +11,8 @@
 //! connection setup is not measured), then run their measured requests back to back. Run with
 //! `cargo bench -p strata --bench gateway`; `STRATA_BENCH_QUICK=1` runs a shorter version, and
 //! `STRATA_BENCH_SEQUENTIAL=N` sets the sequential phases' request count (longer runs for a profiler).
+//! Each phase also prints the gateway's own account from its metrics: the mean time of its own work
+//! (`strata_gateway_added_overhead_seconds`) and of waiting on the upstream.
 //!
 //! CI mode: `STRATA_BENCH_CI_MAX_RATIO=R` runs only the sequential phases (300 measured requests at
 //! each journal size) and exits non-zero when a request failed or the p99 ratio gateway / direct
