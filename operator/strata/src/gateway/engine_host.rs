@@ -5,9 +5,10 @@
 //! over.
 //!
 //! In place: a request's engine calls (admitting its turn, compiling a call, journaling an answer)
-//! are short CPU work, tens to a few hundred microseconds. Handing each to the blocking pool cost
-//! two thread wake-ups, which on a virtual machine is more than the work itself (BENCHMARKS.md,
-//! issue 20). They wait for their turn on an async queue (no thread is parked on the lock), then
+//! are usually short CPU work, tens to a few hundred microseconds (a memory tool's compaction in
+//! `record_answer` takes longer, while the runtime's other worker serves). Handing each to the
+//! blocking pool cost two thread wake-ups, which on a virtual machine is more than the work itself
+//! (BENCHMARKS.md, issue 20). They wait for their turn on an async queue (no thread is parked on the lock), then
 //! run on the worker that polled them. When other work holds the engine (an admin call, a sweep,
 //! a reload), the call goes to the blocking pool instead of blocking the worker. An fsync runs in
 //! place too while the volume's fsyncs are fast (a moving average under
