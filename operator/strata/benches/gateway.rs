@@ -280,20 +280,42 @@ async fn journal_tokens(gateway: SocketAddr) -> u64 {
     status["journalTokens"].as_u64().unwrap_or(0)
 }
 
-/// The sums and counts of the gateway's own overhead and upstream-wait histograms, in seconds.
-async fn own_times(metrics: SocketAddr) -> [f64; 4] {
+/// A histogram's sum (seconds) and count, as the gateway's metrics report them.
+#[derive(Clone, Copy)]
+struct Totals {
+    seconds: f64,
+    count: f64,
+}
+
+impl Totals {
+    /// The mean, in µs, of what was observed between `before` and `self`.
+    fn mean_micros_since(self, before: Totals) -> f64 {
+        let count = self.count - before.count;
+        if count > 0.0 { (self.seconds - before.seconds) / count * 1e6 } else { 0.0 }
+    }
+}
+
+/// The gateway's own account: its own work and its wait on the upstream.
+struct OwnTimes {
+    work: Totals,
+    upstream: Totals,
+}
+
+async fn own_times(metrics: SocketAddr) -> OwnTimes {
     let text = reqwest::get(format!("http://{metrics}/metrics")).await.unwrap().text().await.unwrap();
     let value = |name: &str| {
         text.lines()
             .find_map(|line| line.strip_prefix(name).and_then(|rest| rest.trim().parse::<f64>().ok()))
             .unwrap_or(0.0)
     };
-    [
-        value("strata_gateway_added_overhead_seconds_sum"),
-        value("strata_gateway_added_overhead_seconds_count"),
-        value("strata_gateway_upstream_seconds_sum"),
-        value("strata_gateway_upstream_seconds_count"),
-    ]
+    let totals = |histogram: &str| Totals {
+        seconds: value(&format!("{histogram}_sum")),
+        count: value(&format!("{histogram}_count")),
+    };
+    OwnTimes {
+        work: totals("strata_gateway_added_overhead_seconds"),
+        upstream: totals("strata_gateway_upstream_seconds"),
+    }
 }
 
 fn bench_root() -> PathBuf {
@@ -342,9 +364,8 @@ async fn main() {
     };
     let phases: Vec<(&str, usize, usize)> = phases
         .iter()
-        .map(|&(name, streams, count)| match sequential_override {
-            Some(count) if streams == 1 => (name, streams, count),
-            _ => (name, streams, count),
+        .map(|&(name, streams, count)| {
+            (name, streams, if streams == 1 { sequential_override.unwrap_or(count) } else { count })
         })
         .collect();
     let mut regressions = Vec::new();
@@ -400,14 +421,10 @@ async fn main() {
                 file as f64 / 1024.0,
             );
             let ratio = micros(g99) / micros(d99);
-            let mean_micros = |sum: usize, count: usize| {
-                let calls = own_after[count] - own_before[count];
-                if calls > 0.0 { (own_after[sum] - own_before[sum]) / calls * 1e6 } else { 0.0 }
-            };
             println!(
                 "  p99 gateway / direct = {ratio:.2}x | the gateway's own account, mean: its work {:.0} µs, waiting on the upstream {:.0} µs",
-                mean_micros(0, 1),
-                mean_micros(2, 3)
+                own_after.work.mean_micros_since(own_before.work),
+                own_after.upstream.mean_micros_since(own_before.upstream)
             );
             if let Some(bound) = max_ratio
                 && ratio > bound

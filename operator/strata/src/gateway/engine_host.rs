@@ -8,8 +8,8 @@
 //! are usually short CPU work, tens to a few hundred microseconds (a memory tool's compaction in
 //! `record_answer` takes longer, while the runtime's other worker serves). Handing each to the
 //! blocking pool cost two thread wake-ups, which on a virtual machine is more than the work itself
-//! (BENCHMARKS.md, issue 20). They wait for their turn on an async queue (no thread is parked on the lock), then
-//! run on the worker that polled them. When other work holds the engine (an admin call, a sweep,
+//! (BENCHMARKS.md, issue 20). They wait for their turn on an async queue (no thread is parked on
+//! the lock), then run on the worker that polled them. When other work holds the engine (an admin call, a sweep,
 //! a reload), the call goes to the blocking pool instead of blocking the worker. An fsync runs in
 //! place too while the volume's fsyncs are fast (a moving average under
 //! [`INLINE_FSYNC_BELOW_MICROS`]), and on the blocking pool otherwise, so a slow disk never stalls
@@ -20,8 +20,9 @@
 //! request holds the engine while the disk flushes. When no flush is in progress, the thread that
 //! did the work fsyncs right after releasing the engine (when fsyncs are fast or it is a blocking
 //! task); while one is, later requests wait for the next shared flush. A request's turn is
-//! journaled without waiting ([`EngineHost::run_in_place_unsynced`]) and made durable before the client is answered: by the
-//! answer's own fsync, which covers it, or, for a stream, while the upstream call is under way.
+//! journaled without waiting ([`EngineHost::run_in_place_unsynced`]) and made durable before the
+//! client is answered: by the answer's own fsync, which covers it, or, for a stream, while the
+//! upstream call is under way.
 
 use std::panic::AssertUnwindSafe;
 use std::path::{Path, PathBuf};
@@ -109,12 +110,14 @@ impl std::fmt::Debug for EngineHost {
     }
 }
 
-fn panic_text(payload: &(dyn std::any::Any + Send)) -> String {
-    payload
+/// Why engine work failed, from its panic's payload.
+fn panic_cause(payload: &(dyn std::any::Any + Send)) -> String {
+    let text = payload
         .downcast_ref::<&str>()
         .map(|text| (*text).to_owned())
         .or_else(|| payload.downcast_ref::<String>().cloned())
-        .unwrap_or_else(|| "a panic without a message".to_owned())
+        .unwrap_or_else(|| "a panic without a message".to_owned());
+    format!("the session engine panicked: {text}")
 }
 
 /// Whether an engine error leaves the in-memory engine untrustworthy (its storage failed).
@@ -314,11 +317,7 @@ impl EngineHost {
         };
         let (value, epoch, seq) = match outcome {
             Ok(result) => result?,
-            Err(payload) => {
-                return Err(
-                    self.panicked(format!("the session engine panicked: {}", panic_text(payload.as_ref())))
-                );
-            }
+            Err(payload) => return Err(self.panicked(panic_cause(payload.as_ref()))),
         };
         Ok((value, PendingWrites { epoch, seq }))
     }
@@ -417,7 +416,7 @@ impl EngineHost {
             Ok(result) => result?,
             Err(join) => {
                 let cause = match join.try_into_panic() {
-                    Ok(payload) => format!("the session engine panicked: {}", panic_text(payload.as_ref())),
+                    Ok(payload) => panic_cause(payload.as_ref()),
                     Err(join) => format!("the session engine task failed: {join}"),
                 };
                 return Err(self.panicked(cause));

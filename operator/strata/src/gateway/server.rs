@@ -139,17 +139,17 @@ async fn read_body(
         .and_then(|value| value.to_str().ok())
         .and_then(|value| value.parse::<usize>().ok());
     let (parts, body) = request.into_parts();
+    let mut stream = body.into_data_stream();
     if declared.is_some_and(|length| length > limit) {
-        drain(body).await;
+        drain(stream).await;
         return Err(GatewayError::PayloadTooLarge { limit });
     }
-    let mut stream = body.into_data_stream();
     let mut bytes = bytes::BytesMut::new();
     while let Some(chunk) = stream.next().await {
         let chunk =
             chunk.map_err(|error| GatewayError::BadRequest(format!("reading the request body: {error}")))?;
         if bytes.len() + chunk.len() > limit {
-            drain(Body::from_stream(stream)).await;
+            drain(stream).await;
             return Err(GatewayError::PayloadTooLarge { limit });
         }
         bytes.extend_from_slice(&chunk);
@@ -166,8 +166,7 @@ const DRAIN_MAX_TIME: std::time::Duration = std::time::Duration::from_secs(5);
 /// Reads and discards the rest of a refused body (at most [`DRAIN_MAX_BYTES`], for at most
 /// [`DRAIN_MAX_TIME`]), so the client, still sending, reads the 413 instead of a broken pipe: a
 /// server that answers and closes with unread bytes in its socket resets the connection.
-async fn drain(body: Body) {
-    let mut stream = body.into_data_stream();
+async fn drain(mut stream: axum::body::BodyDataStream) {
     let mut read = 0usize;
     let _ = tokio::time::timeout(DRAIN_MAX_TIME, async {
         while let Some(Ok(chunk)) = stream.next().await {
