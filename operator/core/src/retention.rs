@@ -242,11 +242,45 @@ pub fn plan_expiry(
     remaining_calls_estimate: u64,
     pricing: CachePricing,
 ) -> Option<ExpiryBatch> {
+    let candidates = ExpiryCandidates { entries, positions: 0..entries.len() };
+    plan_expiry_among(
+        candidates,
+        now_ms,
+        already_expired,
+        ttl_seconds_of,
+        policy,
+        remaining_calls_estimate,
+        pricing,
+    )
+}
+
+/// The entries [`plan_expiry_among`] looks at: `positions` (ascending) in `entries`.
+#[derive(Debug, Clone)]
+pub struct ExpiryCandidates<'a, P> {
+    /// The whole history (the economics of a batch depend on everything after its first entry).
+    pub entries: &'a [Entry],
+    /// Ascending positions in `entries` that may be Ephemeral; the others are never expired.
+    pub positions: P,
+}
+
+/// [`plan_expiry`] over the given candidates only, so that an engine which keeps an
+/// [`EphemeralIndex`] does not walk its whole history on every answer.
+pub fn plan_expiry_among<'a, P: IntoIterator<Item = usize>>(
+    candidates: ExpiryCandidates<'a, P>,
+    now_ms: u64,
+    already_expired: &HashSet<EntryId>,
+    ttl_seconds_of: impl Fn(&Entry) -> Option<u32>,
+    policy: &ExpiryPolicy,
+    remaining_calls_estimate: u64,
+    pricing: CachePricing,
+) -> Option<ExpiryBatch> {
+    let entries = candidates.entries;
     let mut ids = Vec::new();
     let mut first_changed_index = None;
     let mut saved_tokens = 0u64;
     let mut overdue = false;
-    for (index, entry) in entries.iter().enumerate() {
+    for index in candidates.positions {
+        let Some(entry) = entries.get(index) else { continue };
         if entry.retention != RetentionClass::Ephemeral || already_expired.contains(&entry.id) {
             continue;
         }
@@ -278,4 +312,42 @@ pub fn plan_expiry(
         economics,
         forced_by_overdue: overdue && !pays,
     })
+}
+
+/// The positions of a journal's Ephemeral entries that have not expired yet, kept up to date as
+/// the journal grows: entries are appended and never change, so each is looked at once, and a
+/// generation switch (or any history that no longer matches what was indexed) starts it over.
+#[derive(Debug, Default)]
+pub struct EphemeralIndex {
+    generation: u64,
+    indexed: usize,
+    last_indexed: Option<EntryId>,
+    positions: Vec<usize>,
+}
+
+impl EphemeralIndex {
+    /// Brings the index up to date with `entries` of journal generation `generation` and drops
+    /// the positions of entries in `expired`; returns the positions, ascending.
+    pub fn refresh(&mut self, generation: u64, entries: &[Entry], expired: &HashSet<EntryId>) -> &[usize] {
+        let still_valid = self.generation == generation
+            && self.indexed <= entries.len()
+            && self.indexed.checked_sub(1).map(|last| entries[last].id) == self.last_indexed;
+        if !still_valid {
+            *self = EphemeralIndex { generation, ..EphemeralIndex::default() };
+        }
+        let start = self.indexed;
+        self.positions.extend(
+            entries[start..]
+                .iter()
+                .enumerate()
+                .filter(|(_, entry)| entry.retention == RetentionClass::Ephemeral)
+                .map(|(offset, _)| start + offset),
+        );
+        self.indexed = entries.len();
+        self.last_indexed = entries.last().map(|entry| entry.id);
+        if !expired.is_empty() {
+            self.positions.retain(|&position| !expired.contains(&entries[position].id));
+        }
+        &self.positions
+    }
 }

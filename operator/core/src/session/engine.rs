@@ -33,7 +33,7 @@ use crate::prefix::{
     split_volatile_lines,
 };
 use crate::replay::pricing::{Block, block_hash};
-use crate::retention::plan_expiry;
+use crate::retention::{EphemeralIndex, ExpiryCandidates, plan_expiry_among};
 use crate::tokens::{Calibration, TokenCounter, TokenizerError};
 use crate::tool_output::{ToolOutputError, elide_entry, plan_elision, spill};
 
@@ -402,6 +402,8 @@ pub struct SessionEngine {
     tier2_epoch: u64,
     elided: HashSet<EntryId>,
     expired: HashSet<EntryId>,
+    /// Where the unexpired Ephemeral entries are, so expiry planning skips the rest of the history.
+    ephemeral: EphemeralIndex,
     pending_churn: ChurnCause,
     last_refresh: Instant,
     appended_seq: u64,
@@ -574,6 +576,7 @@ impl SessionEngine {
             tier2_epoch: 0,
             elided: elided.unwrap_or_default(),
             expired: expired.unwrap_or_default(),
+            ephemeral: EphemeralIndex::default(),
             pending_churn: ChurnCause::Cold,
             last_refresh: Instant::now(),
             appended_seq: 0,
@@ -822,8 +825,10 @@ impl SessionEngine {
                 entry.content.tool_results.first().map_or(entry.content.text.as_str(), |r| r.output.as_str());
             settings.classifier.classify(entry.role, text, tool_name).1
         };
-        let Some(planned) = plan_expiry(
-            entries,
+        let positions = self.ephemeral.refresh(self.journal.generation(), entries, &self.expired);
+        let candidates = ExpiryCandidates { entries, positions: positions.iter().copied() };
+        let Some(planned) = plan_expiry_among(
+            candidates,
             now_ms,
             &self.expired,
             ttl_of,

@@ -88,18 +88,26 @@ impl Sink for ChunkedBody {
     }
 }
 
-/// Frozen chunks are cut at this size.
+/// A piece of the assembly this large is final: it is never merged into a larger one.
 const FREEZE_AT: usize = 64 * 1024;
 
-/// The serialised Tier 2 kept between requests: entries whose JSON can no longer change, frozen
-/// into shared chunks, so a request serialises only the entries added since the previous one. It is
-/// dropped whenever the engine's Tier-2 epoch changes (generation switch, treatments, placement).
+/// The serialised Tier 2 kept between requests: entries whose JSON can no longer change, as shared
+/// pieces, so a request serialises only the entries added since the previous one and copies almost
+/// none of the rest. It is dropped whenever the engine's Tier-2 epoch changes (generation switch,
+/// treatments, placement).
+///
+/// The entries a request adds are sealed into one new piece. Whenever a piece is not at least twice
+/// as long as the piece after it, the two are merged, like the carries of a binary counter, until a
+/// piece reaches [`FREEZE_AT`] and stays as it is. So the pieces shrink geometrically from the oldest
+/// to the newest: a request refers to the large ones, copies only the few small ones (a few KiB in
+/// all), and no request builds a large buffer. Each byte is copied a logarithmic number of times over
+/// its life, in merges that are rare for large pieces.
 #[derive(Debug, Default)]
 pub struct Assembly {
     epoch: u64,
     upto: usize,
-    frozen: Vec<Bytes>,
-    tail: Vec<u8>,
+    pieces: Vec<Bytes>,
+    open: Vec<u8>,
     /// Anthropic: the side of the message group open after the assembled entries.
     pub side: Option<bool>,
 }
@@ -120,26 +128,115 @@ impl Assembly {
     /// Marks entries up to `upto` as assembled.
     pub fn advance(&mut self, upto: usize) {
         self.upto = upto;
-        if self.tail.len() >= FREEZE_AT {
-            self.frozen.push(Bytes::from(std::mem::take(&mut self.tail)));
+    }
+
+    /// Seals the bytes added since the last call into a piece and merges pieces that are not
+    /// geometrically decreasing any more.
+    fn seal(&mut self) {
+        if self.open.is_empty() {
+            return;
+        }
+        self.pieces.push(Bytes::from(std::mem::take(&mut self.open)));
+        while let [.., older, newer] = self.pieces.as_slice()
+            && older.len() < FREEZE_AT
+            && older.len() < 2 * newer.len()
+        {
+            let mut merged = Vec::with_capacity(older.len() + newer.len());
+            merged.extend_from_slice(older);
+            merged.extend_from_slice(newer);
+            self.pieces.truncate(self.pieces.len() - 2);
+            self.pieces.push(Bytes::from(merged));
         }
     }
 
-    /// Appends the assembled bytes to `out`: frozen chunks by reference, the tail by copy.
-    pub fn write_to(&self, out: &mut ChunkedBody) {
-        for chunk in &self.frozen {
-            out.put_shared(chunk);
+    /// Appends the assembled bytes to `out`, the large pieces by reference.
+    pub fn write_to(&mut self, out: &mut ChunkedBody) {
+        self.seal();
+        for piece in &self.pieces {
+            out.put_shared(piece);
         }
-        out.put(&self.tail);
+    }
+
+    /// How many pieces hold the assembled bytes (for tests).
+    #[cfg(test)]
+    fn piece_lengths(&self) -> Vec<usize> {
+        self.pieces.iter().map(Bytes::len).collect()
     }
 }
 
 impl Sink for Assembly {
     fn put(&mut self, bytes: &[u8]) {
-        self.tail.extend_from_slice(bytes);
+        self.open.extend_from_slice(bytes);
     }
 
     fn put_shared(&mut self, bytes: &Bytes) {
-        self.tail.extend_from_slice(bytes);
+        self.open.extend_from_slice(bytes);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Appends `count` requests' worth of `size`-byte entries to the assembly, writing a body after
+    /// each, and returns the last body.
+    fn grow(assembly: &mut Assembly, count: usize, size: usize, expected: &mut Vec<u8>) -> ChunkedBody {
+        let mut body = ChunkedBody::default();
+        for request in 0..count {
+            let entry = vec![b'a' + (request % 26) as u8; size];
+            assembly.put(&entry);
+            expected.extend_from_slice(&entry);
+            assembly.advance(assembly.upto() + 1);
+            body = ChunkedBody::default();
+            assembly.write_to(&mut body);
+        }
+        body
+    }
+
+    #[test]
+    fn the_assembled_bytes_are_written_in_order_whatever_the_pieces() {
+        let mut assembly = Assembly::default();
+        let mut expected = Vec::new();
+        for (count, size) in [(1, 10), (300, 150), (3, 70_000), (50, 3_000), (1, 1)] {
+            let body = grow(&mut assembly, count, size, &mut expected);
+            assert_eq!(body.to_vec(), expected);
+            assert_eq!(body.len(), expected.len());
+        }
+    }
+
+    #[test]
+    fn pieces_shrink_geometrically_so_a_request_copies_little() {
+        let mut assembly = Assembly::default();
+        let mut expected = Vec::new();
+        // About 1.4 MB of small entries, a 200k-token journal's worth.
+        let body = grow(&mut assembly, 10_000, 140, &mut expected);
+        let lengths = assembly.piece_lengths();
+        for pair in lengths.windows(2) {
+            assert!(
+                pair[0] >= FREEZE_AT || pair[0] >= 2 * pair[1],
+                "pieces must shrink geometrically until frozen: {lengths:?}"
+            );
+        }
+        let small: usize = lengths.iter().filter(|&&len| len < COALESCE_BELOW).sum();
+        assert!(small < 2 * COALESCE_BELOW, "at most a few KiB are copied per request: {lengths:?}");
+        assert!(lengths.len() < 64, "{} pieces", lengths.len());
+        let copied: usize =
+            body.chunks.iter().filter(|chunk| chunk.len() < COALESCE_BELOW).map(Bytes::len).sum();
+        assert!(copied + body.pending.len() < 2 * COALESCE_BELOW, "the body copied {copied} bytes");
+        assert_eq!(body.to_vec(), expected);
+    }
+
+    #[test]
+    fn a_new_epoch_starts_over() {
+        let mut assembly = Assembly::default();
+        let mut expected = Vec::new();
+        grow(&mut assembly, 5, 100, &mut expected);
+        assembly.check_epoch(0);
+        assert_eq!(assembly.upto(), 5);
+        assembly.check_epoch(1);
+        assert_eq!(assembly.upto(), 0);
+        let mut body = ChunkedBody::default();
+        assembly.write_to(&mut body);
+        assert!(body.is_empty());
     }
 }
