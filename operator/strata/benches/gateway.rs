@@ -20,6 +20,8 @@
 //! side in the same run, which keeps it meaningful on a shared, noisy machine.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+#[path = "gateway_bench/pass_through.rs"]
+mod pass_through;
 #[path = "../tests/gateway_support/process.rs"]
 mod process;
 
@@ -200,12 +202,28 @@ async fn read_all(response: Result<reqwest::Response, reqwest::Error>) -> Result
 struct Phase {
     gateway: Vec<Duration>,
     direct: Vec<Duration>,
+    /// Through the pass-through proxy (sequential phases only).
+    proxy: Vec<Duration>,
     failures: Vec<String>,
+}
+
+/// Sends `body` to `url` as the direct path does (the fake does not keep it) and times the answer.
+async fn timed_replay(client: &reqwest::Client, url: &str, body: Bytes) -> Result<Duration, String> {
+    let started = Instant::now();
+    let response = client
+        .post(url)
+        .header("x-bench-direct", "1")
+        .header("content-type", "application/json")
+        .body(body)
+        .send()
+        .await;
+    read_all(response).await.map(|_| started.elapsed())
 }
 
 async fn run_phase(
     gateway: SocketAddr,
     fake: SocketAddr,
+    proxy: Option<SocketAddr>,
     state: Arc<Fake>,
     streams: usize,
     per_stream: usize,
@@ -219,12 +237,23 @@ async fn run_phase(
         tasks.push(tokio::spawn(async move {
             let mut gateway_times = Vec::with_capacity(per_stream);
             let mut direct_times = Vec::with_capacity(per_stream);
+            let mut proxy_times = Vec::with_capacity(per_stream);
             if stream_requests {
                 tokio::time::sleep(Duration::from_micros(100 * stream as u64)).await;
             }
             let mut failures = Vec::new();
             for index in 0..=per_stream {
                 let body = json!({"messages": [{"role": "user", "content": format!("p{stream}.{index}")}], "stream": stream_requests});
+                if let Some(proxy) = proxy {
+                    // The proxy sends the upstream the body the gateway sent last (one turn shorter than
+                    // the one it is about to send), staged now so that the proxy is as idle as the
+                    // gateway when its measured request comes.
+                    let replay = state.latest.lock().unwrap().clone();
+                    let staged = client.post(format!("http://{proxy}/stage")).body(replay).send().await;
+                    if let Err(error) = staged.and_then(reqwest::Response::error_for_status) {
+                        failures.push(format!("staging at the pass-through proxy: {}", error_chain(&error)));
+                    }
+                }
                 let started = Instant::now();
                 let response = client
                     .post(format!("http://{gateway}/v1/chat/completions"))
@@ -234,39 +263,46 @@ async fn run_phase(
                     .await;
                 let through_gateway = read_all(response).await.map(|_| started.elapsed());
                 let replay = state.latest.lock().unwrap().clone();
-                let started = Instant::now();
-                let response = client
-                    .post(format!("http://{fake}/v1/chat/completions"))
-                    .header("x-bench-direct", "1")
-                    .header("content-type", "application/json")
-                    .body(replay)
-                    .send()
-                    .await;
-                let direct = read_all(response).await.map(|_| started.elapsed());
+                let direct =
+                    timed_replay(&client, &format!("http://{fake}/v1/chat/completions"), replay.clone()).await;
+                let through_proxy = match proxy {
+                    Some(proxy) => {
+                        let started = Instant::now();
+                        let response =
+                            client.post(format!("http://{proxy}/v1/chat/completions")).json(&body).send().await;
+                        Some(read_all(response).await.map(|_| started.elapsed()))
+                    }
+                    None => None,
+                };
                 if index == 0 {
                     continue;
                 }
-                match (through_gateway, direct) {
-                    (Ok(gateway_time), Ok(direct_time)) => {
+                match (through_gateway, direct, through_proxy.transpose()) {
+                    (Ok(gateway_time), Ok(direct_time), Ok(proxy_time)) => {
                         gateway_times.push(gateway_time);
                         direct_times.push(direct_time);
+                        proxy_times.extend(proxy_time);
                     }
-                    (Err(error), _) => failures.push(format!("gateway: {error}")),
-                    (_, Err(error)) => failures.push(format!("direct: {error}")),
+                    (Err(error), _, _) => failures.push(format!("gateway: {error}")),
+                    (_, Err(error), _) => failures.push(format!("direct: {error}")),
+                    (_, _, Err(error)) => failures.push(format!("pass-through proxy: {error}")),
                 }
             }
-            (gateway_times, direct_times, failures)
+            (gateway_times, direct_times, proxy_times, failures)
         }));
     }
-    let mut phase = Phase { gateway: Vec::new(), direct: Vec::new(), failures: Vec::new() };
+    let mut phase =
+        Phase { gateway: Vec::new(), direct: Vec::new(), proxy: Vec::new(), failures: Vec::new() };
     for task in tasks {
-        let (gateway_times, direct_times, failures) = task.await.unwrap();
+        let (gateway_times, direct_times, proxy_times, failures) = task.await.unwrap();
         phase.gateway.extend(gateway_times);
         phase.direct.extend(direct_times);
+        phase.proxy.extend(proxy_times);
         phase.failures.extend(failures);
     }
     phase.gateway.sort();
     phase.direct.sort();
+    phase.proxy.sort();
     phase
 }
 
@@ -322,12 +358,26 @@ fn bench_root() -> PathBuf {
     std::env::var_os("STRATA_BENCH_DIR").map(PathBuf::from).unwrap_or_else(std::env::temp_dir)
 }
 
-#[tokio::main(flavor = "multi_thread", worker_threads = 2)]
-async fn main() {
-    if std::env::args().any(|arg| arg == "--list") {
+fn main() {
+    let args: Vec<String> = std::env::args().collect();
+    if args.iter().any(|arg| arg == "--list") {
         return;
     }
     let _ = rustls::crypto::ring::default_provider().install_default();
+    if let [_, mode, upstream, ..] = args.as_slice()
+        && mode == pass_through::ARG
+    {
+        pass_through::serve(upstream);
+        return;
+    }
+    let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
+    let code = runtime.block_on(bench());
+    drop(runtime);
+    std::process::exit(code);
+}
+
+/// Runs the phases; returns the exit code.
+async fn bench() -> i32 {
     let quick = std::env::var_os("STRATA_BENCH_QUICK").is_some();
     let max_ratio = match std::env::var("STRATA_BENCH_CI_MAX_RATIO") {
         Ok(text) => match text.parse::<f64>() {
@@ -336,7 +386,7 @@ async fn main() {
                 eprintln!(
                     "STRATA_BENCH_CI_MAX_RATIO={text:?}: give the largest acceptable p99 ratio, a number above 1"
                 );
-                std::process::exit(2);
+                return 2;
             }
         },
         Err(_) => None,
@@ -349,6 +399,7 @@ async fn main() {
     let fake = listener.local_addr().unwrap();
     let router = Router::new().route("/v1/chat/completions", post(upstream)).with_state(Arc::clone(&state));
     tokio::spawn(async move { axum::serve(listener, router).await.unwrap() });
+    let proxy = pass_through::PassThrough::spawn(fake);
 
     let root = tempfile::tempdir_in(bench_root()).unwrap();
     let config_path = root.path().join("gateway.json");
@@ -377,10 +428,13 @@ async fn main() {
             let data = root.path().join(format!("data-{target}-{streams}"));
             copy_dir(&seeded, &data);
             let gateway = spawn_gateway(&config_path, &data).await;
-            run_phase(gateway.address, fake, Arc::clone(&state), 1, 20).await;
+            let sequential_proxy = (streams == 1).then_some(proxy.address);
+            run_phase(gateway.address, fake, sequential_proxy, Arc::clone(&state), 1, 20).await;
             let before = journal_tokens(gateway.address).await;
             let own_before = own_times(gateway.metrics_address).await;
-            let phase = run_phase(gateway.address, fake, Arc::clone(&state), streams, per_stream).await;
+            let phase =
+                run_phase(gateway.address, fake, sequential_proxy, Arc::clone(&state), streams, per_stream)
+                    .await;
             let own_after = own_times(gateway.metrics_address).await;
             let after = journal_tokens(gateway.address).await;
             let (rss, peak) = rss_kib(gateway.child.id());
@@ -426,6 +480,16 @@ async fn main() {
                 own_after.work.mean_micros_since(own_before.work),
                 own_after.upstream.mean_micros_since(own_before.upstream)
             );
+            if !phase.proxy.is_empty() {
+                let (p50, p99) = (percentile(&phase.proxy, 0.5), percentile(&phase.proxy, 0.99));
+                println!(
+                    "  two-hop limit (pass-through proxy): p50 {:.0} µs p99 {:.0} µs = {:.2}x direct at p99 | p99 gateway / proxy = {:.2}x",
+                    micros(p50),
+                    micros(p99),
+                    micros(p99) / micros(d99),
+                    micros(g99) / micros(p99)
+                );
+            }
             if let Some(bound) = max_ratio
                 && ratio > bound
             {
@@ -439,7 +503,8 @@ async fn main() {
             println!("gateway bench check: pass");
         } else {
             println!("gateway bench check: FAIL\n  {}", regressions.join("\n  "));
-            std::process::exit(1);
+            return 1;
         }
     }
+    0
 }
