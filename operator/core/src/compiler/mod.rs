@@ -134,6 +134,47 @@ pub struct Packet<'a> {
     pub breakpoints: Vec<Breakpoint>,
     /// Context status counted over all three tiers.
     pub status: ContextStatus,
+    /// The included Tier-2 tokens by the budget section they count against.
+    pub tier2: Tier2Tokens,
+}
+
+/// Included Tier-2 tokens by the budget section they count against, kept up to date as entries are
+/// rendered and treated, so no request has to add them up over the whole history.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Tier2Tokens {
+    /// Summaries (the memory section).
+    pub memory: u64,
+    /// Tool results.
+    pub tool_results: u64,
+    /// Everything else: messages and tool calls.
+    pub history: u64,
+}
+
+impl Tier2Tokens {
+    fn section(&mut self, kind: EntryKind) -> &mut u64 {
+        match kind {
+            EntryKind::Summary => &mut self.memory,
+            EntryKind::ToolResult => &mut self.tool_results,
+            _ => &mut self.history,
+        }
+    }
+
+    fn add(&mut self, entry: &RenderedEntry) {
+        if entry.included {
+            *self.section(entry.id.kind()) += entry.tokens;
+        }
+    }
+
+    fn remove(&mut self, entry: &RenderedEntry) {
+        if entry.included {
+            *self.section(entry.id.kind()) -= entry.tokens;
+        }
+    }
+
+    /// All included Tier-2 tokens.
+    pub fn total(&self) -> u64 {
+        self.memory + self.tool_results + self.history
+    }
 }
 
 /// What a lower context limit would have cost this packet (the Context Inspector's simulation, §17.16).
@@ -199,7 +240,7 @@ pub struct ContextCompiler {
     prefix_tokens: u64,
     generation: u64,
     rendered: Vec<RenderedEntry>,
-    tier2_tokens: u64,
+    tier2: Tier2Tokens,
     last_summary: Option<usize>,
     treatments: BTreeMap<EntryId, Treatment>,
     placement: BreakpointPlacement,
@@ -216,7 +257,7 @@ impl ContextCompiler {
             prefix_tokens,
             generation: 0,
             rendered: Vec::new(),
-            tier2_tokens: 0,
+            tier2: Tier2Tokens::default(),
             last_summary: None,
             treatments: BTreeMap::new(),
             placement,
@@ -257,7 +298,7 @@ impl ContextCompiler {
 
     /// Tokens of Tier 1 plus the included Tier-2 entries.
     pub fn context_tokens(&self) -> u64 {
-        self.prefix_tokens + self.tier2_tokens + self.volatile_tokens
+        self.prefix_tokens + self.tier2.total() + self.volatile_tokens
     }
 
     /// Bring Tier 2 up to date with the journal's current `entries` of `generation`.
@@ -271,7 +312,7 @@ impl ContextCompiler {
         if !extends {
             self.generation = generation;
             self.rendered.clear();
-            self.tier2_tokens = 0;
+            self.tier2 = Tier2Tokens::default();
             self.last_summary = None;
             // Headroom, so the appends that follow a rebuild do not reallocate the whole history.
             let headroom = entries.len() / 2 + 64;
@@ -293,9 +334,7 @@ impl ContextCompiler {
     fn push(&mut self, entry: &Entry, counter: &TokenCounter) {
         let treatment = self.treatments.get(&entry.id);
         let rendered = render_entry(entry, treatment, counter);
-        if rendered.included {
-            self.tier2_tokens += rendered.tokens;
-        }
+        self.tier2.add(&rendered);
         if entry.id.kind() == EntryKind::Summary {
             self.last_summary = Some(self.rendered.len());
         }
@@ -319,14 +358,9 @@ impl ContextCompiler {
         for (id, treatment) in batch {
             let index = *position.get(&id).ok_or(CompileError::UnknownEntry(id))?;
             let entry = entries.get(index).filter(|e| e.id == id).ok_or(CompileError::UnknownEntry(id))?;
-            let old = &self.rendered[index];
-            if old.included {
-                self.tier2_tokens -= old.tokens;
-            }
+            self.tier2.remove(&self.rendered[index]);
             let rendered = render_entry(entry, Some(&treatment), counter);
-            if rendered.included {
-                self.tier2_tokens += rendered.tokens;
-            }
+            self.tier2.add(&rendered);
             self.rendered[index] = rendered;
             self.treatments.insert(id, treatment);
         }
@@ -348,6 +382,7 @@ impl ContextCompiler {
             },
             breakpoints: self.breakpoints(),
             status,
+            tier2: self.tier2,
         })
     }
 

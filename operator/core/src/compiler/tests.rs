@@ -170,6 +170,45 @@ fn treatments_change_only_their_entries() {
     ));
 }
 
+/// The section totals a walk over the packet's included entries gives.
+fn walked_totals(packet: &Packet<'_>) -> Tier2Tokens {
+    let mut totals = Tier2Tokens::default();
+    for entry in packet.entries.iter().filter(|entry| entry.included) {
+        match entry.id.kind() {
+            EntryKind::Summary => totals.memory += entry.tokens,
+            EntryKind::ToolResult => totals.tool_results += entry.tokens,
+            _ => totals.history += entry.tokens,
+        }
+    }
+    totals
+}
+
+#[test]
+fn section_totals_follow_appends_treatments_and_rebuilds() {
+    let counter = counter();
+    let entries = history(&counter, 9);
+    let mut compiler = ContextCompiler::new(prefix(&counter), BreakpointPlacement::Auto);
+    compiler.sync(1, &entries, &counter);
+    let packet = compiler.compile(128_000, BudgetPolicy::default()).unwrap();
+    assert!(packet.tier2.tool_results > 0 && packet.tier2.history > 0);
+    assert_eq!(packet.tier2, walked_totals(&packet));
+    let batch = BTreeMap::from([
+        (entries[8].id, Treatment::Replace { text: "[elided]".into(), reason: InclusionReason::Elided }),
+        (entries[0].id, Treatment::Omit),
+    ]);
+    compiler.apply_treatments(batch, &entries, &counter).unwrap();
+    let packet = compiler.compile(128_000, BudgetPolicy::default()).unwrap();
+    assert_eq!(packet.tier2, walked_totals(&packet));
+    let more = history(&counter, 14);
+    compiler.sync(1, &more, &counter);
+    let packet = compiler.compile(128_000, BudgetPolicy::default()).unwrap();
+    assert_eq!(packet.tier2, walked_totals(&packet));
+    compiler.sync(2, &entries[..4], &counter);
+    let packet = compiler.compile(128_000, BudgetPolicy::default()).unwrap();
+    assert_eq!(packet.tier2, walked_totals(&packet));
+    assert_eq!(packet.tier2.total() + compiler.prefix_tokens, compiler.context_tokens());
+}
+
 impl ContextCompiler {
     fn tap_sync(mut self, entries: &[Entry], counter: &TokenCounter) -> Vec<RenderedEntry> {
         self.sync(1, entries, counter);

@@ -2010,13 +2010,9 @@ fn section_tokens(packet: &Packet<'_>, tail: u64) -> SectionTokens {
             SectionClass::System | SectionClass::Constants => tokens.system += u64::from(section.tokens),
         }
     }
-    for entry in packet.entries.iter().filter(|entry| entry.included) {
-        match entry.id.kind() {
-            EntryKind::Summary => tokens.memory += entry.tokens,
-            EntryKind::ToolResult => tokens.tool_results += entry.tokens,
-            _ => tokens.history += entry.tokens,
-        }
-    }
+    tokens.memory += packet.tier2.memory;
+    tokens.tool_results += packet.tier2.tool_results;
+    tokens.history += packet.tier2.history;
     tokens
 }
 
