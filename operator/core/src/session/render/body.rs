@@ -136,7 +136,12 @@ impl Assembly {
         if self.open.is_empty() {
             return;
         }
-        self.pieces.push(Bytes::from(std::mem::take(&mut self.open)));
+        let mut sealed = std::mem::take(&mut self.open);
+        // A shared piece keeps its whole allocation: return the growth slack of a large one.
+        if sealed.capacity() - sealed.len() > sealed.len() / 8 {
+            sealed.shrink_to_fit();
+        }
+        self.pieces.push(Bytes::from(sealed));
         while let [.., older, newer] = self.pieces.as_slice()
             && older.len() < FREEZE_AT
             && older.len() < 2 * newer.len()
