@@ -132,6 +132,7 @@ pub fn body(
                     break;
                 }
                 block(assembly, &mut side, fragment.assistant, &fragment.json);
+                cache.release(index);
             }
         }
         index += 1;

@@ -76,6 +76,14 @@ impl FragmentCache {
         })
     }
 
+    /// Drops the fragment at `index` (it was copied into the assembly, which holds the bytes from
+    /// now on; should the assembly start over, the entry is rendered again).
+    pub fn release(&mut self, index: usize) {
+        if let Some(slot) = self.items.get_mut(index) {
+            *slot = None;
+        }
+    }
+
     /// Drops fragments beyond `len` entries (after a generation switch shrank Tier 2).
     pub fn truncate(&mut self, len: usize) {
         self.items.truncate(len);

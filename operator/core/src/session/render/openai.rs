@@ -81,6 +81,7 @@ pub fn body(
             }
             assembly.put(&fragment.json);
             assembly.put(b",");
+            cache.release(index);
         }
         index += 1;
         assembly.advance(index);
