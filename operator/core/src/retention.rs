@@ -264,7 +264,7 @@ pub struct ExpiryCandidates<'a, P> {
 }
 
 /// [`plan_expiry`] over the given candidates only, so that an engine which keeps an
-/// [`EphemeralIndex`] does not walk its whole history on every answer.
+/// [`crate::history_index::EntryIndex`] does not walk its whole history on every answer.
 pub fn plan_expiry_among<'a, P: IntoIterator<Item = usize>>(
     candidates: ExpiryCandidates<'a, P>,
     now_ms: u64,
@@ -312,42 +312,4 @@ pub fn plan_expiry_among<'a, P: IntoIterator<Item = usize>>(
         economics,
         forced_by_overdue: overdue && !pays,
     })
-}
-
-/// The positions of a journal's Ephemeral entries that have not expired yet, kept up to date as
-/// the journal grows: entries are appended and never change, so each is looked at once, and a
-/// generation switch (or any history that no longer matches what was indexed) starts it over.
-#[derive(Debug, Default)]
-pub struct EphemeralIndex {
-    generation: u64,
-    indexed: usize,
-    last_indexed: Option<EntryId>,
-    positions: Vec<usize>,
-}
-
-impl EphemeralIndex {
-    /// Brings the index up to date with `entries` of journal generation `generation` and drops
-    /// the positions of entries in `expired`; returns the positions, ascending.
-    pub fn refresh(&mut self, generation: u64, entries: &[Entry], expired: &HashSet<EntryId>) -> &[usize] {
-        let still_valid = self.generation == generation
-            && self.indexed <= entries.len()
-            && self.indexed.checked_sub(1).map(|last| entries[last].id) == self.last_indexed;
-        if !still_valid {
-            *self = EphemeralIndex { generation, ..EphemeralIndex::default() };
-        }
-        let start = self.indexed;
-        self.positions.extend(
-            entries[start..]
-                .iter()
-                .enumerate()
-                .filter(|(_, entry)| entry.retention == RetentionClass::Ephemeral)
-                .map(|(offset, _)| start + offset),
-        );
-        self.indexed = entries.len();
-        self.last_indexed = entries.last().map(|entry| entry.id);
-        if !expired.is_empty() {
-            self.positions.retain(|&position| !expired.contains(&entries[position].id));
-        }
-        &self.positions
-    }
 }

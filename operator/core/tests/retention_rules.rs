@@ -5,9 +5,10 @@ use std::collections::HashSet;
 
 use strata_core::economics::CachePricing;
 use strata_core::entry::{Content, Entry, EntryDraft, EntryId, EntryKind, RetentionClass, Role};
+use strata_core::history_index::EntryIndex;
 use strata_core::retention::{
-    Classifier, EphemeralIndex, ExpiryCandidates, ExpiryPolicy, RetentionRule, RetentionRuleError,
-    plan_expiry, plan_expiry_among,
+    Classifier, ExpiryCandidates, ExpiryPolicy, RetentionRule, RetentionRuleError, plan_expiry,
+    plan_expiry_among,
 };
 
 const POLICY_JSON: &str = r#"[
@@ -178,25 +179,6 @@ fn expiry_batch_fires_when_it_pays_and_skips_removed_and_critical() {
 }
 
 #[test]
-fn the_ephemeral_index_follows_appends_expiries_and_generation_switches() {
-    let mut entries = session(50);
-    let mut index = EphemeralIndex::default();
-    assert_eq!(index.refresh(1, &entries, &HashSet::new()), &[0]);
-    entries.push(entry(21, RetentionClass::Ephemeral, 0, 40_000));
-    entries.push(entry(22, RetentionClass::Critical, 0, 40_000));
-    entries.push(entry(23, RetentionClass::Ephemeral, 0, 10));
-    assert_eq!(index.refresh(1, &entries, &HashSet::new()), &[0, 21, 23], "appended entries are indexed");
-    let expired: HashSet<EntryId> = [EntryId::new(EntryKind::Message, 21)].into();
-    assert_eq!(index.refresh(1, &entries, &expired), &[0, 23], "expired entries leave the index");
-    // A new generation with other entries at the same positions is indexed afresh.
-    let compacted =
-        vec![entry(30, RetentionClass::Working, 0, 10), entry(31, RetentionClass::Ephemeral, 0, 10)];
-    assert_eq!(index.refresh(2, &compacted, &HashSet::new()), &[1]);
-    // So is a history that no longer ends where the index stopped, even in the same generation.
-    assert_eq!(index.refresh(2, &entries, &expired), &[0, 23]);
-}
-
-#[test]
 fn planning_among_the_indexed_entries_plans_what_a_full_walk_plans() {
     let mut entries = session(50);
     entries.push(entry(21, RetentionClass::Ephemeral, 0, 40_000));
@@ -206,10 +188,12 @@ fn planning_among_the_indexed_entries_plans_what_a_full_walk_plans() {
     let policy = ExpiryPolicy::default();
     let full = plan_expiry(&entries, HOUR_MS, &HashSet::new(), always, &policy, 40, CachePricing::ANTHROPIC)
         .unwrap();
-    let mut index = EphemeralIndex::default();
-    let positions = index.refresh(7, &entries, &HashSet::new());
-    assert_eq!(positions, &[0, 21]);
-    let candidates = ExpiryCandidates { entries: &entries, positions: positions.iter().copied() };
+    let mut index = EntryIndex::default();
+    let ephemeral = |entry: &Entry| entry.retention == RetentionClass::Ephemeral;
+    index.refresh(7, &entries, ephemeral, &HashSet::new());
+    let positions: Vec<usize> = index.matches().iter().map(|indexed| indexed.position).collect();
+    assert_eq!(positions, [0, 21]);
+    let candidates = ExpiryCandidates { entries: &entries, positions };
     let among =
         plan_expiry_among(candidates, HOUR_MS, &HashSet::new(), always, &policy, 40, CachePricing::ANTHROPIC)
             .unwrap();

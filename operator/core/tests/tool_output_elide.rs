@@ -7,9 +7,13 @@ use std::sync::Arc;
 use strata_core::artifacts::{ArtifactRef, ArtifactStore};
 use strata_core::economics::CachePricing;
 use strata_core::entry::{Content, Entry, EntryDraft, EntryId, EntryKind, RetentionClass, Role, ToolResult};
+use strata_core::history_index::EntryIndex;
 use strata_core::journal::sim::SimStorage;
 use strata_core::tool_output::elide::ELISION_MARKER_PREFIX;
-use strata_core::tool_output::{ElisionPolicy, elide_entry, plan_elision, render_elided, rounds_after};
+use strata_core::tool_output::{
+    ElisionCandidates, ElisionPolicy, elide_entry, has_elidable_output, plan_elision, plan_elision_among,
+    render_elided, rounds_after,
+};
 
 fn tokens_of(text: &str) -> u64 {
     (text.chars().count() as u64).div_ceil(4)
@@ -222,4 +226,45 @@ fn batched_elision_rewrites_rarely_and_costs_least() {
         "cost: batched {:.0} ({} rewrites), never {:.0}, every round {:.0} ({} rewrites)",
         batched.cost, batched.rewrites, never.cost, naive.cost, naive.rewrites
     );
+}
+
+#[test]
+fn planning_among_indexed_outputs_as_the_history_grows_plans_what_a_full_walk_plans() {
+    let policy = ElisionPolicy::default();
+    let mut entries = Vec::new();
+    let mut index = EntryIndex::default();
+    let mut elided = HashSet::new();
+    let mut batches = 0;
+    for round in 0..60u64 {
+        let size = if round % 3 == 0 { 20_000 } else { 400 };
+        entries.push(tool_result(2 * round, output_of_size(round as usize, size)));
+        entries.push(assistant(2 * round + 1, 10));
+        let full = plan_elision(&entries, &elided, &policy, tokens_of, 10, CachePricing::ANTHROPIC);
+        index.refresh(1, &entries, |entry| has_elidable_output(entry, &policy), &elided);
+        let assistants = index.assistants();
+        let candidates = index
+            .matches()
+            .iter()
+            .map(|indexed| (indexed.position, (assistants - indexed.assistants_through) as usize));
+        let among = plan_elision_among(
+            ElisionCandidates { entries: &entries, candidates },
+            &elided,
+            &policy,
+            tokens_of,
+            10,
+            CachePricing::ANTHROPIC,
+        );
+        assert_eq!(
+            among.as_ref().map(|batch| &batch.ids),
+            full.as_ref().map(|batch| &batch.ids),
+            "round {round}"
+        );
+        assert!(index.matches().len() <= entries.len() / 4 + 1, "only large outputs are indexed");
+        if let Some(batch) = full {
+            assert_eq!(among.unwrap().saved_tokens, batch.saved_tokens);
+            elided.extend(batch.ids);
+            batches += 1;
+        }
+    }
+    assert!(batches > 0, "some batch was planned");
 }

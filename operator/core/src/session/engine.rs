@@ -26,6 +26,7 @@ use crate::delegation::ExpertDigest;
 use crate::derived::DerivedLedger;
 use crate::economics::expected_remaining_calls;
 use crate::entry::{Content, Entry, EntryDraft, EntryId, EntryKind, RetentionClass, Role, ToolResult};
+use crate::history_index::EntryIndex;
 use crate::journal::sim::SimStorage;
 use crate::journal::{Journal, JournalError, JournalOptions, StdStorage, Storage, SyncPolicy};
 use crate::prefix::{
@@ -33,9 +34,12 @@ use crate::prefix::{
     split_volatile_lines,
 };
 use crate::replay::pricing::{Block, block_hash};
-use crate::retention::{EphemeralIndex, ExpiryCandidates, plan_expiry_among};
+use crate::retention::{ExpiryCandidates, plan_expiry_among};
 use crate::tokens::{Calibration, TokenCounter, TokenizerError};
-use crate::tool_output::{ToolOutputError, elide_entry, plan_elision, spill};
+use crate::tool_output::{
+    ElisionCandidates, ElisionPolicy, ToolOutputError, elide_entry, has_elidable_output, plan_elision_among,
+    spill,
+};
 
 use super::capabilities::{ToolBlockStats, ToolView};
 use super::compacting::{CompactionAsk, CompactionOutcome};
@@ -403,7 +407,9 @@ pub struct SessionEngine {
     elided: HashSet<EntryId>,
     expired: HashSet<EntryId>,
     /// Where the unexpired Ephemeral entries are, so expiry planning skips the rest of the history.
-    ephemeral: EphemeralIndex,
+    ephemeral: EntryIndex,
+    /// Where the unelided elidable tool outputs are, under the elision policy they were tested with.
+    elidable: (Option<ElisionPolicy>, EntryIndex),
     pending_churn: ChurnCause,
     last_refresh: Instant,
     appended_seq: u64,
@@ -576,7 +582,8 @@ impl SessionEngine {
             tier2_epoch: 0,
             elided: elided.unwrap_or_default(),
             expired: expired.unwrap_or_default(),
-            ephemeral: EphemeralIndex::default(),
+            ephemeral: EntryIndex::default(),
+            elidable: (None, EntryIndex::default()),
             pending_churn: ChurnCause::Cold,
             last_refresh: Instant::now(),
             appended_seq: 0,
@@ -825,8 +832,10 @@ impl SessionEngine {
                 entry.content.tool_results.first().map_or(entry.content.text.as_str(), |r| r.output.as_str());
             settings.classifier.classify(entry.role, text, tool_name).1
         };
-        let positions = self.ephemeral.refresh(self.journal.generation(), entries, &self.expired);
-        let candidates = ExpiryCandidates { entries, positions: positions.iter().copied() };
+        let ephemeral = |entry: &Entry| entry.retention == RetentionClass::Ephemeral;
+        self.ephemeral.refresh(self.journal.generation(), entries, ephemeral, &self.expired);
+        let positions = self.ephemeral.matches().iter().map(|indexed| indexed.position);
+        let candidates = ExpiryCandidates { entries, positions };
         let Some(planned) = plan_expiry_among(
             candidates,
             now_ms,
@@ -866,8 +875,24 @@ impl SessionEngine {
         let policy = &settings.elision;
         let counter = &self.counter;
         let entries = self.journal.entries();
-        let Some(planned) = plan_elision(
+        let (tested_with, index) = &mut self.elidable;
+        if *tested_with != Some(*policy) {
+            *tested_with = Some(*policy);
+            index.reset();
+        }
+        index.refresh(
+            self.journal.generation(),
             entries,
+            |entry| has_elidable_output(entry, policy),
+            &self.elided,
+        );
+        let assistants = index.assistants();
+        let candidates = index
+            .matches()
+            .iter()
+            .map(|indexed| (indexed.position, (assistants - indexed.assistants_through) as usize));
+        let Some(planned) = plan_elision_among(
+            ElisionCandidates { entries, candidates },
             &self.elided,
             policy,
             |text| u64::from(counter.count(text)),

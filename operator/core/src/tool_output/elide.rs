@@ -122,20 +122,54 @@ pub fn plan_elision(
     remaining_calls_estimate: u64,
     pricing: CachePricing,
 ) -> Option<ElisionBatch> {
+    let assistants = entries.iter().filter(|entry| entry.role == Role::Assistant).count();
+    let mut assistants_through = 0;
+    let candidates = entries.iter().enumerate().map(|(index, entry)| {
+        if entry.role == Role::Assistant {
+            assistants_through += 1;
+        }
+        (index, assistants - assistants_through)
+    });
+    let candidates = ElisionCandidates { entries, candidates: candidates.collect::<Vec<_>>() };
+    plan_elision_among(candidates, already_elided, policy, tokens_of, remaining_calls_estimate, pricing)
+}
+
+/// The entries [`plan_elision_among`] looks at.
+#[derive(Debug, Clone)]
+pub struct ElisionCandidates<'a, C> {
+    /// The whole history (the economics of a batch depend on everything after its first entry).
+    pub entries: &'a [Entry],
+    /// Ascending `(position, age)` of the entries that may have an elidable output; the age is the
+    /// number of Assistant entries after it (the rounds since).
+    pub candidates: C,
+}
+
+/// [`plan_elision`] over the given candidates only, so that an engine which keeps a
+/// [`crate::history_index::EntryIndex`] of elidable outputs does not walk its whole history on
+/// every answer.
+pub fn plan_elision_among<C>(
+    candidates: ElisionCandidates<'_, C>,
+    already_elided: &HashSet<EntryId>,
+    policy: &ElisionPolicy,
+    tokens_of: impl Fn(&str) -> u64,
+    remaining_calls_estimate: u64,
+    pricing: CachePricing,
+) -> Option<ElisionBatch>
+where
+    C: IntoIterator<Item = (usize, usize)>,
+    C::IntoIter: DoubleEndedIterator,
+{
     // Planning runs on every request, so it must not re-tokenize or hash outputs: the entry's stored
     // token count is split across its outputs by characters, and the marker line is counted once,
-    // when there is something to elide. Entries are walked newest first, counting the rounds after
-    // each, and only those with an elidable output are looked at further.
+    // when there is something to elide. Candidates are walked newest first, and only those with an
+    // elidable output are looked at further.
+    let entries = candidates.entries;
     let mut marker_tokens = None;
     let mut ids = Vec::new();
     let mut first_changed_index = None;
     let mut saved_tokens = 0u64;
-    let mut rounds = 0;
-    for (index, entry) in entries.iter().enumerate().rev() {
-        let age = rounds;
-        if entry.role == Role::Assistant {
-            rounds += 1;
-        }
+    for (index, age) in candidates.candidates.into_iter().rev() {
+        let Some(entry) = entries.get(index) else { continue };
         if age < policy.elide_after_rounds
             || !has_elidable_output(entry, policy)
             || already_elided.contains(&entry.id)

@@ -14,7 +14,10 @@ pub mod read;
 pub mod spill;
 mod text;
 
-pub use elide::{ElisionBatch, ElisionPolicy, elide_entry, plan_elision, render_elided, rounds_after};
+pub use elide::{
+    ElisionBatch, ElisionCandidates, ElisionPolicy, elide_entry, has_elidable_output, plan_elision,
+    plan_elision_among, render_elided, rounds_after,
+};
 pub use error::{ReadArgsError, ToolOutputError};
 pub use read::{READ_OUTPUT_TOOL_NAME, ReadRequest, read_output};
 pub use spill::{SpillOutcome, SpillPolicy, spill};
