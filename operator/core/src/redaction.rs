@@ -2,7 +2,7 @@
 
 use std::borrow::Cow;
 
-use regex::Regex;
+use regex::{Regex, RegexSet};
 
 /// A kind of secret the redactor recognises.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -82,6 +82,9 @@ pub struct Redacted<'a> {
 #[derive(Clone)]
 pub struct Redactor {
     rules: Vec<Rule>,
+    /// Every rule's pattern in one set, so a text with no secret (nearly every text) is scanned
+    /// once, and only the rules that match are run for their capture groups.
+    any: RegexSet,
 }
 
 /// The built-in shapes: (kind, pattern, capture group holding the secret).
@@ -143,13 +146,16 @@ impl Redactor {
             })?;
             rules.push(Rule { kind: SecretKind::Custom, regex, group: 0 });
         }
-        Ok(Some(Redactor { rules }))
+        let any = RegexSet::new(rules.iter().map(|rule| rule.regex.as_str())).map_err(|source| {
+            PatternError { index: usize::MAX, pattern: "(all patterns in one set)".into(), source }
+        })?;
+        Ok(Some(Redactor { rules, any }))
     }
 
     /// Replace every secret in `text` with `[REDACTED:<kind>]`. Overlapping findings merge.
     pub fn redact<'a>(&self, text: &'a str) -> Redacted<'a> {
         let mut spans: Vec<Finding> = Vec::new();
-        for rule in &self.rules {
+        for rule in self.any.matches(text).iter().map(|index| &self.rules[index]) {
             for captures in rule.regex.captures_iter(text) {
                 if let Some(secret) = captures.get(rule.group).filter(|m| !m.is_empty()) {
                     spans.push(Finding { kind: rule.kind, start: secret.start(), len: secret.len() });
