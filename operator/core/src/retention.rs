@@ -230,31 +230,9 @@ pub struct ExpiryBatch {
     pub forced_by_overdue: bool,
 }
 
-/// Plans removal of expired Ephemeral entries; `ttl_seconds_of` gives an entry's TTL (e.g. from
-/// [`Classifier::classify`]). Returns `None` when nothing is expired, or when the batch neither
-/// pays nor contains an overdue entry.
-pub fn plan_expiry(
-    entries: &[Entry],
-    now_ms: u64,
-    already_expired: &HashSet<EntryId>,
-    ttl_seconds_of: impl Fn(&Entry) -> Option<u32>,
-    policy: &ExpiryPolicy,
-    remaining_calls_estimate: u64,
-    pricing: CachePricing,
-) -> Option<ExpiryBatch> {
-    let candidates = ExpiryCandidates { entries, positions: 0..entries.len() };
-    plan_expiry_among(
-        candidates,
-        now_ms,
-        already_expired,
-        ttl_seconds_of,
-        policy,
-        remaining_calls_estimate,
-        pricing,
-    )
-}
-
-/// The entries [`plan_expiry_among`] looks at: `positions` (ascending) in `entries`.
+/// The entries [`plan_expiry`] looks at: `positions` (ascending) in `entries`. An engine that keeps
+/// a [`crate::history_index::EntryIndex`] of its Ephemeral entries gives those, so it does not walk
+/// its whole history on every answer.
 #[derive(Debug, Clone)]
 pub struct ExpiryCandidates<'a, P> {
     /// The whole history (the economics of a batch depend on everything after its first entry).
@@ -263,9 +241,17 @@ pub struct ExpiryCandidates<'a, P> {
     pub positions: P,
 }
 
-/// [`plan_expiry`] over the given candidates only, so that an engine which keeps an
-/// [`crate::history_index::EntryIndex`] does not walk its whole history on every answer.
-pub fn plan_expiry_among<'a, P: IntoIterator<Item = usize>>(
+impl<'a> ExpiryCandidates<'a, std::ops::Range<usize>> {
+    /// Every entry of `entries`.
+    pub fn all(entries: &'a [Entry]) -> Self {
+        ExpiryCandidates { entries, positions: 0..entries.len() }
+    }
+}
+
+/// Plans removal of expired Ephemeral entries among `candidates`; `ttl_seconds_of` gives an entry's
+/// TTL (e.g. from [`Classifier::classify`]). Returns `None` when nothing is expired, or when the
+/// batch neither pays nor contains an overdue entry.
+pub fn plan_expiry<'a, P: IntoIterator<Item = usize>>(
     candidates: ExpiryCandidates<'a, P>,
     now_ms: u64,
     already_expired: &HashSet<EntryId>,

@@ -8,7 +8,6 @@ use strata_core::entry::{Content, Entry, EntryDraft, EntryId, EntryKind, Retenti
 use strata_core::history_index::EntryIndex;
 use strata_core::retention::{
     Classifier, ExpiryCandidates, ExpiryPolicy, RetentionRule, RetentionRuleError, plan_expiry,
-    plan_expiry_among,
 };
 
 const POLICY_JSON: &str = r#"[
@@ -126,7 +125,7 @@ fn expiry_waits_for_economics_until_overdue() {
     let entries = session(50);
     let plan = |now| {
         plan_expiry(
-            &entries,
+            ExpiryCandidates::all(&entries),
             now,
             &HashSet::new(),
             ttl_of,
@@ -149,7 +148,7 @@ fn expiry_batch_fires_when_it_pays_and_skips_removed_and_critical() {
     entries.push(entry(22, RetentionClass::Critical, 0, 40_000));
     let always = |_: &Entry| Some(60);
     let batch = plan_expiry(
-        &entries,
+        ExpiryCandidates::all(&entries),
         HOUR_MS,
         &HashSet::new(),
         always,
@@ -165,7 +164,7 @@ fn expiry_batch_fires_when_it_pays_and_skips_removed_and_critical() {
     let removed: HashSet<EntryId> = batch.ids.iter().copied().collect();
     assert!(
         plan_expiry(
-            &entries,
+            ExpiryCandidates::all(&entries),
             HOUR_MS,
             &removed,
             always,
@@ -186,8 +185,16 @@ fn planning_among_the_indexed_entries_plans_what_a_full_walk_plans() {
     entries.extend((23..200).map(|n| entry(n, RetentionClass::Working, n * 1000, 500)));
     let always = |_: &Entry| Some(60);
     let policy = ExpiryPolicy::default();
-    let full = plan_expiry(&entries, HOUR_MS, &HashSet::new(), always, &policy, 40, CachePricing::ANTHROPIC)
-        .unwrap();
+    let full = plan_expiry(
+        ExpiryCandidates::all(&entries),
+        HOUR_MS,
+        &HashSet::new(),
+        always,
+        &policy,
+        40,
+        CachePricing::ANTHROPIC,
+    )
+    .unwrap();
     let mut index = EntryIndex::default();
     let ephemeral = |entry: &Entry| entry.retention == RetentionClass::Ephemeral;
     index.refresh(7, &entries, ephemeral, &HashSet::new());
@@ -195,7 +202,7 @@ fn planning_among_the_indexed_entries_plans_what_a_full_walk_plans() {
     assert_eq!(positions, [0, 21]);
     let candidates = ExpiryCandidates { entries: &entries, positions };
     let among =
-        plan_expiry_among(candidates, HOUR_MS, &HashSet::new(), always, &policy, 40, CachePricing::ANTHROPIC)
+        plan_expiry(candidates, HOUR_MS, &HashSet::new(), always, &policy, 40, CachePricing::ANTHROPIC)
             .unwrap();
     assert_eq!(among.ids, full.ids);
     assert_eq!(among.saved_tokens, full.saved_tokens);

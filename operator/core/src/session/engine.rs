@@ -34,7 +34,7 @@ use crate::prefix::{
     split_volatile_lines,
 };
 use crate::replay::pricing::{Block, block_hash};
-use crate::retention::{ExpiryCandidates, plan_expiry_among};
+use crate::retention::{ExpiryCandidates, plan_expiry};
 use crate::tokens::{Calibration, TokenCounter, TokenizerError};
 use crate::tool_output::{
     ElisionCandidates, ElisionPolicy, ToolOutputError, elide_entry, has_elidable_output, plan_elision_among,
@@ -836,7 +836,7 @@ impl SessionEngine {
         self.ephemeral.refresh(self.journal.generation(), entries, ephemeral, &self.expired);
         let positions = self.ephemeral.matches().iter().map(|indexed| indexed.position);
         let candidates = ExpiryCandidates { entries, positions };
-        let Some(planned) = plan_expiry_among(
+        let Some(planned) = plan_expiry(
             candidates,
             now_ms,
             &self.expired,
