@@ -12,7 +12,10 @@
 //! `cargo bench -p strata --bench gateway`; `STRATA_BENCH_QUICK=1` runs a shorter version, and
 //! `STRATA_BENCH_SEQUENTIAL=N` sets the sequential phases' request count (longer runs for a profiler).
 //! Each phase also prints the gateway's own account from its metrics: the mean time of its own work
-//! (`strata_gateway_added_overhead_seconds`) and of waiting on the upstream.
+//! (`strata_gateway_added_overhead_seconds`) and of waiting on the upstream. The sequential phases
+//! also time a third path, the two-hop limit: a pass-through proxy in its own process
+//! (`gateway_bench/pass_through.rs`) that sends the upstream the gateway's last body, staged before
+//! the turn, with the gateway's HTTP stack and none of its work.
 //!
 //! CI mode: `STRATA_BENCH_CI_MAX_RATIO=R` runs only the sequential phases (300 measured requests at
 //! each journal size) and exits non-zero when a request failed or the p99 ratio gateway / direct
