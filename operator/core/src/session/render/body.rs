@@ -1,5 +1,5 @@
-//! An upstream request body as a list of byte chunks: large shared pieces (frozen Tier 2, big
-//! fragments, Tier 1) are referenced, small ones are coalesced into copied chunks, so a request over
+//! An upstream request body as a list of byte chunks: large shared pieces (Tier 2's assembled
+//! pieces, big fragments, Tier 1) are referenced, small ones are coalesced into copied chunks, so a request over
 //! a 200k-token history neither copies megabytes nor hands the HTTP stack thousands of tiny chunks.
 
 use bytes::Bytes;
@@ -162,7 +162,7 @@ impl Assembly {
         }
     }
 
-    /// How many pieces hold the assembled bytes (for tests).
+    /// The pieces' lengths, oldest first (for tests).
     #[cfg(test)]
     fn piece_lengths(&self) -> Vec<usize> {
         self.pieces.iter().map(Bytes::len).collect()
