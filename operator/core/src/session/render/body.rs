@@ -1,6 +1,7 @@
 //! An upstream request body as a list of byte chunks: large shared pieces (Tier 2's assembled
-//! pieces, big fragments, Tier 1) are referenced, small ones are coalesced into copied chunks, so a request over
-//! a 200k-token history neither copies megabytes nor hands the HTTP stack thousands of tiny chunks.
+//! pieces, big fragments, Tier 1) are referenced, small ones are coalesced into copied chunks, so a
+//! request over a 200k-token history neither copies megabytes nor hands the HTTP stack thousands of
+//! tiny chunks.
 
 use bytes::Bytes;
 
