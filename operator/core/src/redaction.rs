@@ -83,8 +83,10 @@ pub struct Redacted<'a> {
 pub struct Redactor {
     rules: Vec<Rule>,
     /// Every rule's pattern in one set, so a text with no secret (nearly every text) is scanned
-    /// once, and only the rules that match are run for their capture groups.
-    any: RegexSet,
+    /// once, and only the rules that match are run for their capture groups. `None` when the
+    /// patterns together exceed the regex engine's size limit (each compiles alone): then every rule
+    /// runs on every text, as without the set.
+    any: Option<RegexSet>,
 }
 
 /// The built-in shapes: (kind, pattern, capture group holding the secret).
@@ -146,16 +148,18 @@ impl Redactor {
             })?;
             rules.push(Rule { kind: SecretKind::Custom, regex, group: 0 });
         }
-        let any = RegexSet::new(rules.iter().map(|rule| rule.regex.as_str())).map_err(|source| {
-            PatternError { index: usize::MAX, pattern: "(all patterns in one set)".into(), source }
-        })?;
+        let any = RegexSet::new(rules.iter().map(|rule| rule.regex.as_str())).ok();
         Ok(Some(Redactor { rules, any }))
     }
 
     /// Replace every secret in `text` with `[REDACTED:<kind>]`. Overlapping findings merge.
     pub fn redact<'a>(&self, text: &'a str) -> Redacted<'a> {
         let mut spans: Vec<Finding> = Vec::new();
-        for rule in self.any.matches(text).iter().map(|index| &self.rules[index]) {
+        let matching: Vec<&Rule> = match &self.any {
+            Some(set) => set.matches(text).iter().map(|index| &self.rules[index]).collect(),
+            None => self.rules.iter().collect(),
+        };
+        for rule in matching {
             for captures in rule.regex.captures_iter(text) {
                 if let Some(secret) = captures.get(rule.group).filter(|m| !m.is_empty()) {
                     spans.push(Finding { kind: rule.kind, start: secret.start(), len: secret.len() });
@@ -238,6 +242,23 @@ mod tests {
             "correct-horse-battery",
             SecretKind::AssignedSecret,
         );
+    }
+
+    #[test]
+    fn the_set_prefilter_finds_what_running_every_rule_finds() {
+        let with_set = redactor(&[r"internal-[0-9]{6}"]);
+        assert!(with_set.any.is_some());
+        let without_set = Redactor { rules: with_set.rules.clone(), any: None };
+        for text in [
+            "export AWS_ACCESS_KEY_ID=AKIAIOSFODNN7EXAMPLE and password=correct-horse-battery",
+            "Authorization: Bearer eyJhbGciOiJIUzI1NiJ9.eyJzdWIiOiIxIn0.abc123def456, ticket internal-123456",
+            "-----BEGIN RSA PRIVATE KEY-----\nMIIEowIBAAKCAQEA\n-----END RSA PRIVATE KEY-----",
+            "nothing secret here, just a sha 3f2a9c1e8b7d6f5a4c3b2a1908f7e6d5c4b3a291",
+        ] {
+            let (fast, slow) = (with_set.redact(text), without_set.redact(text));
+            assert_eq!(fast.text, slow.text, "{text:?}");
+            assert_eq!(fast.findings, slow.findings, "{text:?}");
+        }
     }
 
     #[test]

@@ -449,11 +449,12 @@ async fn bench() -> i32 {
                 println!("  failure: {kind}");
             }
             if let Some(first) = phase.failures.first() {
-                let through_gateway = phase.failures.iter().filter(|f| f.starts_with("gateway:")).count();
+                let count = |prefix: &str| phase.failures.iter().filter(|f| f.starts_with(prefix)).count();
+                let (through_gateway, direct) = (count("gateway:"), count("direct:"));
                 println!(
-                    "  {} failed requests in {name} ({through_gateway} through the gateway, {} direct), e.g. {first}",
+                    "  {} failed requests in {name} ({through_gateway} through the gateway, {direct} direct, {} at the pass-through proxy), e.g. {first}",
                     phase.failures.len(),
-                    phase.failures.len() - through_gateway
+                    phase.failures.len() - through_gateway - direct
                 );
                 regressions
                     .push(format!("{} failed requests at {target} tokens, {name}", phase.failures.len()));
