@@ -7,7 +7,7 @@ use std::collections::HashSet;
 use crate::entry::{Entry, EntryId, Role};
 
 /// One indexed entry: its position in the history, and how many Assistant entries there are up to
-/// and including it (its age in rounds is the history's count less this).
+/// and including it (its age in rounds is [`EntryIndex::rounds_after`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Indexed {
     /// Position in the journal's entries.
@@ -67,6 +67,11 @@ impl EntryIndex {
     /// Assistant entries in the indexed history.
     pub fn assistants(&self) -> u64 {
         self.assistants
+    }
+
+    /// The rounds since `indexed`: the Assistant entries after it in the indexed history.
+    pub fn rounds_after(&self, indexed: &Indexed) -> usize {
+        usize::try_from(self.assistants - indexed.assistants_through).unwrap_or(usize::MAX)
     }
 
     /// Forgets everything (the test changed).

@@ -241,11 +241,8 @@ fn planning_among_indexed_outputs_as_the_history_grows_plans_what_a_full_walk_pl
         entries.push(assistant(2 * round + 1, 10));
         let full = plan_elision(&entries, &elided, &policy, tokens_of, 10, CachePricing::ANTHROPIC);
         index.refresh(1, &entries, |entry| has_elidable_output(entry, &policy), &elided);
-        let assistants = index.assistants();
-        let candidates = index
-            .matches()
-            .iter()
-            .map(|indexed| (indexed.position, (assistants - indexed.assistants_through) as usize));
+        let candidates =
+            index.matches().iter().map(|indexed| (indexed.position, index.rounds_after(indexed)));
         let among = plan_elision_among(
             ElisionCandidates { entries: &entries, candidates },
             &elided,

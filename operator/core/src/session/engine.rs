@@ -886,11 +886,8 @@ impl SessionEngine {
             |entry| has_elidable_output(entry, policy),
             &self.elided,
         );
-        let assistants = index.assistants();
-        let candidates = index
-            .matches()
-            .iter()
-            .map(|indexed| (indexed.position, (assistants - indexed.assistants_through) as usize));
+        let candidates =
+            index.matches().iter().map(|indexed| (indexed.position, index.rounds_after(indexed)));
         let Some(planned) = plan_elision_among(
             ElisionCandidates { entries, candidates },
             &self.elided,

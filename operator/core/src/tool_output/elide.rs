@@ -122,15 +122,7 @@ pub fn plan_elision(
     remaining_calls_estimate: u64,
     pricing: CachePricing,
 ) -> Option<ElisionBatch> {
-    let assistants = entries.iter().filter(|entry| entry.role == Role::Assistant).count();
-    let mut assistants_through = 0;
-    let candidates = entries.iter().enumerate().map(|(index, entry)| {
-        if entry.role == Role::Assistant {
-            assistants_through += 1;
-        }
-        (index, assistants - assistants_through)
-    });
-    let candidates = ElisionCandidates { entries, candidates: candidates.collect::<Vec<_>>() };
+    let candidates = ElisionCandidates { entries, candidates: rounds_after(entries).into_iter().enumerate() };
     plan_elision_among(candidates, already_elided, policy, tokens_of, remaining_calls_estimate, pricing)
 }
 
