@@ -28,7 +28,7 @@ pub use owner::{Binding, Claimant, JournalOwner, OWNER_FILE, OwnerError, bind_ow
 pub use proposal::{CompactionProposal, propose_compaction};
 pub use reader::{JournalView, read_current_generation, read_generation};
 pub use record::{FORMAT_VERSION, TornTail};
-pub use storage::{AppendHandle, LockGuard, LockOutcome, StdStorage, Storage};
+pub use storage::{AppendHandle, LockGuard, LockOutcome, SharedSync, StdStorage, Storage};
 pub use writer::{
     BaselineEntry, GenerationSwitch, Journal, JournalOptions, OpenReport, Snapshot, SyncPolicy,
     TruncatedTail, describe_holder,

@@ -14,7 +14,7 @@ use std::io;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use super::storage::{AppendHandle, LockOutcome, Storage};
+use super::storage::{AppendHandle, LockOutcome, SharedSync, Storage};
 
 /// The kinds of mutating operation a fault can target.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -281,6 +281,15 @@ impl SimStorage {
         state.dead = false;
     }
 
+    /// Makes an open file's bytes durable (a counted fsync).
+    fn sync_inode(&self, inode: u64) -> io::Result<()> {
+        let mut state = self.lock();
+        state.count(OpKind::Fsync)?;
+        let node = state.inode_mut(inode)?;
+        node.durable = node.data.clone();
+        Ok(())
+    }
+
     /// Flips one bit of a file's current and durable bytes (for corruption tests).
     pub fn flip_bit(&self, path: &Path, bit: u64) -> io::Result<()> {
         let mut state = self.lock();
@@ -312,11 +321,23 @@ impl AppendHandle for SimAppendHandle {
     }
 
     fn sync(&mut self) -> io::Result<()> {
-        let mut state = self.storage.lock();
-        state.count(OpKind::Fsync)?;
-        let node = state.inode_mut(self.inode)?;
-        node.durable = node.data.clone();
-        Ok(())
+        self.storage.sync_inode(self.inode)
+    }
+
+    fn shared_sync(&self) -> Option<Arc<dyn SharedSync>> {
+        Some(Arc::new(SimSharedSync { storage: self.storage.clone(), inode: self.inode }))
+    }
+}
+
+/// The simulated counterpart of a duplicated descriptor: syncs the same inode.
+struct SimSharedSync {
+    storage: SimStorage,
+    inode: u64,
+}
+
+impl SharedSync for SimSharedSync {
+    fn sync(&self) -> io::Result<()> {
+        self.storage.sync_inode(self.inode)
     }
 }
 

@@ -4,6 +4,7 @@ use std::any::Any;
 use std::fs::{self, File, OpenOptions, TryLockError};
 use std::io::{self, Read, Seek, SeekFrom, Write};
 use std::path::Path;
+use std::sync::Arc;
 
 /// An open append-only file.
 pub trait AppendHandle: Send {
@@ -11,6 +12,19 @@ pub trait AppendHandle: Send {
     fn append(&mut self, data: &[u8]) -> io::Result<()>;
     /// Makes every appended byte durable.
     fn sync(&mut self) -> io::Result<()>;
+
+    /// A handle that makes this file's appended bytes durable from another thread while the
+    /// writer keeps appending (group commit), so a commit need not open the file by its path.
+    /// `None` when the implementation has none; callers then use [`Storage::sync_file`].
+    fn shared_sync(&self) -> Option<Arc<dyn SharedSync>> {
+        None
+    }
+}
+
+/// Makes an open file's data durable from any thread, without holding its writer.
+pub trait SharedSync: Send + Sync {
+    /// Makes every byte appended before the call durable.
+    fn sync(&self) -> io::Result<()>;
 }
 
 /// Keeps an exclusive lock held until dropped.
@@ -72,6 +86,8 @@ pub struct StdStorage;
 
 struct StdAppendHandle {
     file: File,
+    /// A duplicate of `file`'s descriptor for group commits; `None` if duplicating failed.
+    shared: Option<Arc<SharedFile>>,
 }
 
 impl AppendHandle for StdAppendHandle {
@@ -81,6 +97,19 @@ impl AppendHandle for StdAppendHandle {
 
     fn sync(&mut self) -> io::Result<()> {
         self.file.sync_data()
+    }
+
+    fn shared_sync(&self) -> Option<Arc<dyn SharedSync>> {
+        self.shared.clone().map(|shared| shared as Arc<dyn SharedSync>)
+    }
+}
+
+/// A duplicated descriptor of an append-only file: syncing it syncs the same open file.
+struct SharedFile(File);
+
+impl SharedSync for SharedFile {
+    fn sync(&self) -> io::Result<()> {
+        self.0.sync_data()
     }
 }
 
@@ -118,7 +147,9 @@ impl Storage for StdStorage {
 
     fn open_append(&self, path: &Path) -> io::Result<Box<dyn AppendHandle>> {
         let file = OpenOptions::new().append(true).create(true).open(path)?;
-        Ok(Box::new(StdAppendHandle { file }))
+        // Without a duplicate, group commits fall back to opening the file by its path.
+        let shared = file.try_clone().ok().map(|copy| Arc::new(SharedFile(copy)));
+        Ok(Box::new(StdAppendHandle { file, shared }))
     }
 
     fn truncate(&self, path: &Path, len: u64) -> io::Result<()> {

@@ -10,7 +10,7 @@ use super::error::JournalError;
 use super::layout::{GenerationOrigin, Layout, Manifest, Watermark};
 use super::reader;
 use super::record::{self, HEADER_LEN, MAX_PAYLOAD_LEN};
-use super::storage::{AppendHandle, LockGuard, LockOutcome, Storage};
+use super::storage::{AppendHandle, LockGuard, LockOutcome, SharedSync, Storage};
 use crate::entry::{Entry, EntryDraft, EntryId};
 
 /// When appended entries become durable.
@@ -143,6 +143,8 @@ pub struct Journal {
     _lock: LockGuard,
     manifest: Manifest,
     log: Box<dyn AppendHandle>,
+    /// The current generation's log file, the one `log` appends to.
+    log_path: PathBuf,
     entries: Vec<Entry>,
     total_tokens: u64,
     next_number: u64,
@@ -225,6 +227,7 @@ impl Journal {
             _lock: lock,
             manifest: loaded.manifest,
             log,
+            log_path,
             entries: loaded.entries,
             total_tokens,
             next_number,
@@ -250,9 +253,15 @@ impl Journal {
 
     /// The log file of the current generation. A process that appended with
     /// [`SyncPolicy::Batched`] may fsync this path itself to make its appends durable without
-    /// holding the writer (group commit).
-    pub fn log_path(&self) -> PathBuf {
-        self.layout.log(self.manifest.generation)
+    /// holding the writer (group commit); [`Journal::log_sync`] does so without opening it.
+    pub fn log_path(&self) -> &Path {
+        &self.log_path
+    }
+
+    /// A handle that fsyncs the current log from any thread (group commit), when the storage
+    /// offers one.
+    pub fn log_sync(&self) -> Option<Arc<dyn SharedSync>> {
+        self.log.shared_sync()
     }
 
     /// The current generation number.
@@ -302,11 +311,8 @@ impl Journal {
     }
 
     fn encode(&self, entry: &Entry) -> Result<Vec<u8>, JournalError> {
-        let encode_error = |reason: String| JournalError::Encode {
-            path: self.layout.log(self.manifest.generation),
-            id: entry.id,
-            reason,
-        };
+        let encode_error =
+            |reason: String| JournalError::Encode { path: self.log_path.clone(), id: entry.id, reason };
         let payload = serde_json::to_vec(entry).map_err(|error| encode_error(error.to_string()))?;
         if payload.len() > MAX_PAYLOAD_LEN {
             return Err(encode_error(format!(
@@ -325,8 +331,11 @@ impl Journal {
         let payload = self.encode(&entry)?;
         let mut frame = Vec::with_capacity(payload.len() + record::FRAME_PREFIX_LEN);
         record::encode_frame(&payload, &mut frame);
-        let log_path = self.layout.log(self.manifest.generation);
-        let written = self.log.append(&frame).map_err(JournalError::io("append", &log_path));
+        let written = self.log.append(&frame).map_err(|source| JournalError::Io {
+            operation: "append",
+            path: self.log_path.clone(),
+            source,
+        });
         self.poison_on_error(written)?;
         self.next_number += 1;
         self.total_tokens += entry.tokens;
@@ -348,8 +357,11 @@ impl Journal {
         if self.unsynced == 0 {
             return Ok(());
         }
-        let log_path = self.layout.log(self.manifest.generation);
-        let synced = self.log.sync().map_err(JournalError::io("fsync", &log_path));
+        let synced = self.log.sync().map_err(|source| JournalError::Io {
+            operation: "fsync",
+            path: self.log_path.clone(),
+            source,
+        });
         self.poison_on_error(synced)?;
         self.unsynced = 0;
         Ok(())
@@ -567,6 +579,7 @@ impl Journal {
         write_current(self.storage.as_ref(), &self.layout, generation)?;
         let log_path = self.layout.log(generation);
         self.log = self.storage.open_append(&log_path).map_err(JournalError::io("open", &log_path))?;
+        self.log_path = log_path;
         self.manifest = manifest;
         self.total_tokens = entries.iter().map(|entry| entry.tokens).sum();
         self.entries = entries;

@@ -43,6 +43,7 @@ use crate::tool_output::{
 
 use super::capabilities::{ToolBlockStats, ToolView};
 use super::compacting::{CompactionAsk, CompactionOutcome};
+use super::durable::DurableTarget;
 use super::memory_tools;
 use super::render::body::{Assembly, ChunkedBody};
 use super::render::fragments::FragmentCache;
@@ -440,15 +441,6 @@ pub struct SessionEngine {
     pub(super) derived: DerivedState,
     /// Compactions concluded since the host last took them.
     compaction_outcomes: Vec<CompactionOutcome>,
-}
-
-/// The files a group commit fsyncs, and the write count it covers.
-#[derive(Debug)]
-pub struct DurableTarget {
-    /// Writes up to this count become durable.
-    pub seq: u64,
-    /// Files to fsync.
-    pub paths: Vec<PathBuf>,
 }
 
 impl std::fmt::Debug for SessionEngine {
@@ -1136,7 +1128,7 @@ impl SessionEngine {
 
     /// What a group commit must fsync to make every write up to now durable.
     pub fn durable_target(&mut self) -> DurableTarget {
-        let mut paths = vec![self.journal.log_path()];
+        let mut paths = Vec::new();
         if std::mem::take(&mut self.index_unsynced)
             && let Some(path) = self.transparent.path()
         {
@@ -1147,7 +1139,7 @@ impl SessionEngine {
         {
             paths.push(path.to_owned());
         }
-        DurableTarget { seq: self.appended_seq, paths }
+        DurableTarget::new(self.appended_seq, &self.journal, paths)
     }
 
     /// Journal draft of a client turn: redacted, tool outputs spilled, classified and counted.
@@ -1529,6 +1521,7 @@ impl SessionEngine {
                 hash: section.source_hash.clone(),
             })
             .collect();
+        let telemetry_tokens = u64::from(self.counter.count(&packet.telemetry));
         let tier2_tokens = self.compiler.context_tokens()
             - self.compiler.volatile_tokens()
             - u64::from(packet.prefix.manifest().total_tokens);
@@ -1545,7 +1538,7 @@ impl SessionEngine {
         });
         sections.push(SectionSummary {
             id: "tier3.telemetry".into(),
-            tokens: u64::from(self.counter.count(&packet.telemetry)),
+            tokens: telemetry_tokens,
             hash: String::new(),
         });
         let source_tokens = packet.status.tokens.saturating_sub(tier2_tokens) + self.journal.total_tokens();
@@ -1562,10 +1555,7 @@ impl SessionEngine {
                 &settings.budget,
                 &settings.stages,
                 settings.lazy_tools.threshold_tokens,
-                section_tokens(
-                    &packet,
-                    self.compiler.volatile_tokens() + u64::from(self.counter.count(&packet.telemetry)),
-                ),
+                section_tokens(&packet, self.compiler.volatile_tokens() + telemetry_tokens),
             ),
             max_tokens_clamp,
             source_tokens,

@@ -9,6 +9,7 @@
 
 pub mod capabilities;
 mod compacting;
+mod durable;
 pub mod engine;
 pub mod inspect;
 pub mod memory_tools;
@@ -25,6 +26,7 @@ pub mod transparent;
 pub mod turn;
 
 pub use compacting::{CompactionAsk, CompactionOutcome, is_superseded};
+pub use durable::DurableTarget;
 pub use engine::{
     AnswerEffects, ChurnCause, DigestRecord, EngineError, EntrySummary, LOWER_BUDGET_PERCENTS, Rewind,
     RewindCause, SectionSummary, SessionEngine, TurnOutcome, TurnRequest, UpstreamCall, now_ms,

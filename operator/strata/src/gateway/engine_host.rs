@@ -31,7 +31,7 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError, TryLockError};
 use std::time::Instant;
 
 use strata_core::journal::{JournalError, Storage};
-use strata_core::session::{CompactionOutcome, EngineError, SessionEngine, now_ms};
+use strata_core::session::{CompactionOutcome, DurableTarget, EngineError, SessionEngine, now_ms};
 
 use super::config::Settings;
 use super::errors::GatewayError;
@@ -233,12 +233,11 @@ impl EngineHost {
         self.lock().fault.as_ref().map(|fault| fault.cause.clone())
     }
 
-    /// Fsyncs `paths` and folds the time taken into the moving average; the error names the file.
-    fn fsync(&self, paths: &[PathBuf]) -> Result<(), String> {
+    /// Fsyncs the files of `target` and folds the time taken into the moving average; the error
+    /// names the file.
+    fn fsync(&self, target: &DurableTarget) -> Result<(), String> {
         let started = Instant::now();
-        for path in paths {
-            self.storage.sync_file(path).map_err(|error| format!("fsync {}: {error}", path.display()))?;
-        }
+        target.sync(self.storage.as_ref())?;
         let nanos = u64::try_from(started.elapsed().as_nanos()).unwrap_or(u64::MAX);
         // Races between two updates lose one sample at worst; the average stays an average.
         let average = self.fsync_average_nanos.load(Ordering::Relaxed);
@@ -380,7 +379,7 @@ impl EngineHost {
         {
             let target = engine.durable_target();
             drop(slot);
-            if let Err(cause) = self.fsync(&target.paths) {
+            if let Err(cause) = self.fsync(&target) {
                 return Err(self.fsync_failed(epoch, &cause));
             }
             self.synced.fetch_max(target.seq, Ordering::AcqRel);
@@ -452,7 +451,7 @@ impl EngineHost {
                     }
                 }
             };
-            host.fsync(&target.paths)?;
+            host.fsync(&target)?;
             Ok(target.seq)
         })
         .await

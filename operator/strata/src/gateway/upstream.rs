@@ -30,6 +30,17 @@ const CONNECT_RETRY_PAUSE: Duration = Duration::from_millis(50);
 pub const DEFAULT_MAX_RESPONSE_BYTES: usize = 32 * 1024 * 1024;
 
 /// A failure building the HTTP client.
+/// Request bodies smaller than this go upstream as one buffer (joined with one small copy), which
+/// the HTTP client writes without polling a stream; larger ones are streamed from the body's
+/// shared pieces, never copied whole.
+const WHOLE_BODY_BELOW_BYTES: usize = 64 * 1024;
+
+/// A request body as it is sent upstream.
+enum Payload {
+    Whole(Bytes),
+    Pieces(Vec<Bytes>),
+}
+
 #[derive(Debug, thiserror::Error)]
 #[error("building the upstream HTTP client: {reason}")]
 pub struct ClientError {
@@ -142,16 +153,25 @@ impl Upstream {
     ) -> Result<reqwest::Response, GatewayError> {
         let url = url(settings, path);
         let length = body.len();
-        let chunks = body.into_chunks();
+        let payload = if length < WHOLE_BODY_BELOW_BYTES {
+            Payload::Whole(body.into_bytes())
+        } else {
+            Payload::Pieces(body.into_chunks())
+        };
         let mut attempt = 1;
         let response = loop {
-            // The chunks are shared buffers: a repeated attempt copies no body bytes.
-            let body = futures::stream::iter(chunks.clone().into_iter().map(Ok::<Bytes, std::io::Error>));
+            // Both are shared buffers: a repeated attempt copies no body bytes.
+            let body = match &payload {
+                Payload::Whole(bytes) => reqwest::Body::from(bytes.clone()),
+                Payload::Pieces(chunks) => reqwest::Body::wrap_stream(futures::stream::iter(
+                    chunks.clone().into_iter().map(Ok::<Bytes, std::io::Error>),
+                )),
+            };
             let mut request = self
                 .request(settings, reqwest::Method::POST, &url, client_headers)
                 .header(header::CONTENT_TYPE, HeaderValue::from_static("application/json"))
                 .header(header::CONTENT_LENGTH, length)
-                .body(reqwest::Body::wrap_stream(body));
+                .body(body);
             if !stream {
                 request =
                     request.timeout(Duration::from_secs(u64::from(settings.config.upstream.timeout_seconds)));

@@ -70,6 +70,20 @@ impl ChunkedBody {
         self.flush();
         self.chunks
     }
+
+    /// The whole body as one buffer, for sending small bodies at once: a body of one chunk is
+    /// not copied.
+    pub fn into_bytes(mut self) -> Bytes {
+        self.flush();
+        if self.chunks.len() == 1 {
+            return self.chunks.pop().unwrap_or_default();
+        }
+        let mut whole = Vec::with_capacity(self.len);
+        for chunk in &self.chunks {
+            whole.extend_from_slice(chunk);
+        }
+        Bytes::from(whole)
+    }
 }
 
 impl Sink for ChunkedBody {
@@ -230,6 +244,22 @@ mod tests {
             body.chunks.iter().filter(|chunk| chunk.len() < COALESCE_BELOW).map(Bytes::len).sum();
         assert!(copied + body.pending.len() < 2 * COALESCE_BELOW, "the body copied {copied} bytes");
         assert_eq!(body.to_vec(), expected);
+    }
+
+    #[test]
+    fn a_body_joined_into_one_buffer_has_the_same_bytes_and_a_single_chunk_is_not_copied() {
+        let mut assembly = Assembly::default();
+        let mut expected = Vec::new();
+        let body = grow(&mut assembly, 3, 70_000, &mut expected);
+        assert!(body.chunks.len() > 1, "the test needs a body of several chunks");
+        assert_eq!(body.into_bytes(), expected);
+
+        let mut single = ChunkedBody::default();
+        single.put(b"{\"model\":\"m\"}");
+        let chunks = ChunkedBody { chunks: Vec::new(), ..single }.into_chunks();
+        let shared = chunks[0].clone();
+        let whole = ChunkedBody { chunks, pending: Vec::new(), len: shared.len() }.into_bytes();
+        assert_eq!(whole.as_ptr(), shared.as_ptr(), "one chunk is handed over, not copied");
     }
 
     #[test]
