@@ -53,7 +53,7 @@ mod tests {
     #![allow(clippy::unwrap_used)]
     use super::*;
     use crate::entry::{Content, EntryDraft, EntryKind, RetentionClass, Role};
-    use crate::journal::sim::SimStorage;
+    use crate::journal::sim::{Fault, OpKind, SimStorage};
     use crate::journal::{JournalOptions, StdStorage, SyncPolicy};
 
     fn options() -> JournalOptions {
@@ -99,6 +99,18 @@ mod tests {
             (0..20).any(|seed| !survives(false, seed)),
             "without the commit some crash loses the append, so the commit is what kept it"
         );
+    }
+
+    #[test]
+    fn a_failed_commit_through_the_shared_handle_names_the_log() {
+        let sim = SimStorage::new();
+        let storage: Arc<dyn Storage> = Arc::new(sim.clone());
+        let (mut journal, _) = Journal::open(Arc::clone(&storage), "/data", options()).unwrap();
+        journal.append(note()).unwrap();
+        let target = DurableTarget::new(1, &journal, Vec::new());
+        sim.set_fault(Some(Fault { kind: Some(OpKind::Fsync), nth: 1, then_crash: false }));
+        let error = target.sync(storage.as_ref()).unwrap_err();
+        assert!(error.starts_with("fsync ") && error.contains(&*target.log.to_string_lossy()), "{error}");
     }
 
     #[test]
