@@ -10,12 +10,12 @@ use std::collections::BTreeMap;
 use std::io;
 use std::path::Path;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU8, Ordering};
+use std::sync::atomic::{AtomicU8, AtomicU32, Ordering};
 
 use gateway_support::{FakeUpstream, Harness, args, config, write_config};
 use serde_json::{Value, json};
 use strata_api::agent::Provider;
-use strata_core::journal::{AppendHandle, LockOutcome, StdStorage, Storage};
+use strata_core::journal::{AppendHandle, LockOutcome, SharedSync, StdStorage, Storage};
 
 const HEALTHY: u8 = 0;
 const ENOSPC_TORN_APPEND: u8 = 1;
@@ -26,6 +26,8 @@ const EIO_FSYNC: u8 = 3;
 #[derive(Clone, Default)]
 struct FaultyStorage {
     mode: Arc<AtomicU8>,
+    /// Fsync faults returned through a log's shared handle, the one group commits use.
+    shared_fsync_faults: Arc<AtomicU32>,
 }
 
 fn os_error(code: i32) -> io::Error {
@@ -66,6 +68,29 @@ impl AppendHandle for FaultyHandle {
     fn sync(&mut self) -> io::Result<()> {
         match self.storage.fsync_fault() {
             Some(error) => Err(error),
+            None => self.inner.sync(),
+        }
+    }
+
+    /// The real file's shared handle (the one group commits use), failing while a fault is armed.
+    fn shared_sync(&self) -> Option<Arc<dyn SharedSync>> {
+        let inner = self.inner.shared_sync()?;
+        Some(Arc::new(FaultySharedSync { inner, storage: self.storage.clone() }))
+    }
+}
+
+struct FaultySharedSync {
+    inner: Arc<dyn SharedSync>,
+    storage: FaultyStorage,
+}
+
+impl SharedSync for FaultySharedSync {
+    fn sync(&self) -> io::Result<()> {
+        match self.storage.fsync_fault() {
+            Some(error) => {
+                self.storage.shared_fsync_faults.fetch_add(1, Ordering::SeqCst);
+                Err(error)
+            }
             None => self.inner.sync(),
         }
     }
@@ -186,6 +211,10 @@ async fn storage_faults_make_the_gateway_not_ready_and_it_recovers_once_writes_s
             );
         }
     }
+    assert!(
+        storage.shared_fsync_faults.load(Ordering::SeqCst) > 0,
+        "the fsync faults reached the group commit's shared handle of the log"
+    );
     let status = gateway.get_json("/strata/v1/status").await;
     assert_eq!(status["engineReloads"], 9, "{status}");
     assert!(status["volumeBytes"].as_u64().unwrap() > 0, "the data volume is measured: {status}");

@@ -85,6 +85,15 @@ pub struct PendingWrites {
     seq: u64,
 }
 
+/// How far the current engine's writes are durable. The epoch and the count change together, so a
+/// commit of an engine that was reloaded meanwhile cannot mark the new engine's writes, whose
+/// sequence numbers restart, durable.
+#[derive(Debug, Default)]
+struct Synced {
+    epoch: u64,
+    seq: u64,
+}
+
 /// Owns the session engine of one data directory.
 pub struct EngineHost {
     data_dir: PathBuf,
@@ -92,7 +101,7 @@ pub struct EngineHost {
     slot: Mutex<Slot>,
     /// Bumped whenever the engine is (re)loaded: sequence numbers restart with each engine.
     epoch: AtomicU64,
-    synced: AtomicU64,
+    synced: Mutex<Synced>,
     flushing: tokio::sync::Mutex<()>,
     /// The queue of in-place engine calls: they take turns here, in arrival order, without
     /// parking a thread on the engine's lock.
@@ -140,7 +149,7 @@ impl EngineHost {
             storage,
             slot: Mutex::new(Slot { engine: Some(engine), fault: None }),
             epoch: AtomicU64::new(0),
-            synced: AtomicU64::new(0),
+            synced: Mutex::new(Synced::default()),
             flushing: tokio::sync::Mutex::new(()),
             turns: tokio::sync::Mutex::new(()),
             fsync_average_nanos: AtomicU64::new(0),
@@ -214,8 +223,8 @@ impl EngineHost {
                 now_ms(),
             )
             .map_err(|error| unavailable(format!("reopening the journal: {error}")))?;
-            self.epoch.fetch_add(1, Ordering::AcqRel);
-            self.synced.store(0, Ordering::Release);
+            let epoch = self.epoch.fetch_add(1, Ordering::AcqRel) + 1;
+            *self.synced() = Synced { epoch, seq: 0 };
             self.reloads.fetch_add(1, Ordering::Relaxed);
             tracing::warn!(%cause, "session engine reloaded from the journal");
             slot.fault = None;
@@ -231,6 +240,25 @@ impl EngineHost {
     #[cfg(test)]
     fn fault(&self) -> Option<String> {
         self.lock().fault.as_ref().map(|fault| fault.cause.clone())
+    }
+
+    fn synced(&self) -> MutexGuard<'_, Synced> {
+        self.synced.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Whether the writes of engine `epoch` up to `seq` are durable.
+    fn is_synced(&self, epoch: u64, seq: u64) -> bool {
+        let synced = self.synced();
+        synced.epoch == epoch && synced.seq >= seq
+    }
+
+    /// Records that an fsync made the writes of engine `epoch` up to `seq` durable; nothing when
+    /// the engine was reloaded since.
+    fn mark_synced(&self, epoch: u64, seq: u64) {
+        let mut synced = self.synced();
+        if synced.epoch == epoch {
+            synced.seq = synced.seq.max(seq);
+        }
     }
 
     /// Fsyncs the files of `target` and folds the time taken into the moving average; the error
@@ -350,8 +378,9 @@ impl EngineHost {
         sync_now: bool,
         placement: Placement,
     ) -> Worked<T> {
-        let epoch = self.epoch.load(Ordering::Acquire);
         let engine = self.ensure_loaded(&mut slot, settings)?;
+        // Read under the engine's lock, after any reload: the epoch these writes belong to.
+        let epoch = self.epoch.load(Ordering::Acquire);
         let value = work(engine);
         for warning in engine.take_warnings() {
             tracing::warn!(%warning, "session engine");
@@ -374,7 +403,7 @@ impl EngineHost {
         // here; a slow one is left to `make_durable`, on the blocking pool.
         if sync_now
             && (placement == Placement::Blocking || self.fsyncs_are_fast())
-            && self.synced.load(Ordering::Acquire) < seq
+            && !self.is_synced(epoch, seq)
             && let Ok(_flushing) = self.flushing.try_lock()
         {
             let target = engine.durable_target();
@@ -382,7 +411,7 @@ impl EngineHost {
             if let Err(cause) = self.fsync(&target) {
                 return Err(self.fsync_failed(epoch, &cause));
             }
-            self.synced.fetch_max(target.seq, Ordering::AcqRel);
+            self.mark_synced(epoch, target.seq);
         }
         Ok((value, epoch, seq))
     }
@@ -427,39 +456,42 @@ impl EngineHost {
     /// Returns once every write counted up to `seq` (of engine `epoch`) is durable, fsyncing on the
     /// blocking pool if no one else did.
     async fn wait_durable(self: &Arc<Self>, epoch: u64, seq: u64) -> Result<(), GatewayError> {
-        if self.synced.load(Ordering::Acquire) >= seq {
+        if self.is_synced(epoch, seq) {
             return Ok(());
         }
+        let reloaded = || GatewayError::EngineUnavailable {
+            cause: "the engine was reloaded before this request's writes were made durable".into(),
+            reason: "send the request again".into(),
+        };
         let _flushing = self.flushing.lock().await;
         if self.epoch.load(Ordering::Acquire) != epoch {
-            return Err(GatewayError::EngineUnavailable {
-                cause: "the engine was reloaded before this request's writes were made durable".into(),
-                reason: "send the request again".into(),
-            });
+            return Err(reloaded());
         }
-        if self.synced.load(Ordering::Acquire) >= seq {
+        if self.is_synced(epoch, seq) {
             return Ok(());
         }
         let host = Arc::clone(self);
         let flushed = tokio::task::spawn_blocking(move || {
-            let target = {
+            let (target, target_epoch) = {
                 let mut slot = host.lock();
                 match slot.engine.as_mut() {
-                    Some(engine) => engine.durable_target(),
+                    // The epoch read under the engine's lock is the one the target's writes are of.
+                    Some(engine) => (engine.durable_target(), host.epoch.load(Ordering::Acquire)),
                     None => {
                         return Err("the engine was unloaded before its writes were made durable".to_owned());
                     }
                 }
             };
             host.fsync(&target)?;
-            Ok(target.seq)
+            Ok((target_epoch, target.seq))
         })
         .await
         .map_err(|join| format!("the fsync task failed: {join}"))
         .and_then(|result| result);
         match flushed {
-            Ok(target) => {
-                self.synced.fetch_max(target, Ordering::AcqRel);
+            Ok((target_epoch, _)) if target_epoch != epoch => Err(reloaded()),
+            Ok((_, target)) => {
+                self.mark_synced(epoch, target);
                 Ok(())
             }
             Err(cause) => Err(self.fsync_failed(epoch, &cause)),
@@ -548,15 +580,43 @@ mod tests {
 
         let (seq, pending) =
             host.take_turn(Arc::clone(&settings), append_note(&settings), true).await.unwrap();
-        assert!(host.synced.load(Ordering::Acquire) >= seq, "a fast volume: fsynced in place");
+        assert!(host.is_synced(pending.epoch, seq), "a fast volume: fsynced in place");
         host.make_durable(pending).await.unwrap();
 
         host.fsync_average_nanos.store(5_000_000, Ordering::Relaxed);
         let (seq, pending) =
             host.take_turn(Arc::clone(&settings), append_note(&settings), true).await.unwrap();
-        assert!(host.synced.load(Ordering::Acquire) < seq, "a slow volume: not fsynced on the worker");
+        assert!(!host.is_synced(pending.epoch, seq), "a slow volume: not fsynced on the worker");
         host.make_durable(pending).await.unwrap();
-        assert!(host.synced.load(Ordering::Acquire) >= seq, "made durable on the blocking pool");
+        assert!(host.is_synced(pending.epoch, seq), "made durable on the blocking pool");
+    }
+
+    /// Sequence numbers restart with each engine: a commit that finishes after a reload must not
+    /// mark the new engine's writes durable, and writes of the old engine cannot be waited for.
+    #[tokio::test]
+    async fn a_commit_of_a_reloaded_engine_does_not_mark_the_new_engines_writes_durable() {
+        let dir = tempfile::tempdir().unwrap();
+        let settings = settings(dir.path());
+        let host = host(dir.path(), &settings);
+        let (old_seq, old_pending) =
+            host.take_turn(Arc::clone(&settings), append_note(&settings), false).await.unwrap();
+        host.unload(&mut host.lock(), "a storage fault, for the test".into());
+
+        let (seq, pending) =
+            host.take_turn(Arc::clone(&settings), append_note(&settings), false).await.unwrap();
+        assert_eq!(host.reloads(), 1);
+        assert_ne!(pending.epoch, old_pending.epoch, "the reload started a new epoch");
+        assert!(seq <= old_seq + 1, "sequence numbers restarted ({seq} after {old_seq})");
+        host.mark_synced(old_pending.epoch, old_seq + 100);
+        assert!(!host.is_synced(pending.epoch, seq), "the late commit of the old engine marked nothing");
+
+        host.make_durable(pending).await.unwrap();
+        assert!(host.is_synced(pending.epoch, seq));
+        let stale = host.make_durable(old_pending).await;
+        assert!(
+            matches!(&stale, Err(GatewayError::EngineUnavailable { cause, .. }) if cause.contains("reloaded")),
+            "{stale:?}"
+        );
     }
 
     #[tokio::test]

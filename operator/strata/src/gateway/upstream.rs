@@ -87,6 +87,9 @@ impl Upstream {
             .connect_timeout(Duration::from_secs(10))
             .read_timeout(read_timeout)
             .pool_max_idle_per_host(1024)
+            // A redirect is answered to the client as the upstream's status, never followed: a
+            // followed 307 would resend the prompt, and a provider's key header, to another host.
+            .redirect(reqwest::redirect::Policy::none())
             .build()
             .map_err(|error| ClientError { reason: error.to_string() })?;
         Ok(Self { client, max_response_bytes, parsed_urls: Arc::default() })
@@ -284,17 +287,62 @@ mod tests {
         }
     }
 
+    /// Settings of an OpenAI-compatible upstream at `endpoint`.
+    fn settings(dir: &std::path::Path, endpoint: &str) -> Settings {
+        let config = strata_api::gateway_config::GatewayConfig::from_json(
+            format!(
+                r#"{{"version": 1, "agent": {{"name": "a", "namespace": "n"}},
+                "upstream": {{"provider": "OpenAICompatible", "model": "m", "endpoint": "{endpoint}",
+                             "contextWindow": 32768, "tokenizer": "Approximate"}},
+                "cacheKey": "k", "cacheKeyShort": "k", "sessionMode": "Stateful"}}"#
+            )
+            .as_bytes(),
+        )
+        .unwrap();
+        Settings::from_config(config, &dir.join("gateway.json")).unwrap()
+    }
+
+    #[tokio::test]
+    async fn an_upstream_redirect_is_answered_not_followed_whatever_the_body_size() {
+        use std::sync::atomic::{AtomicUsize, Ordering};
+        let hits = Arc::new(AtomicUsize::new(0));
+        let elsewhere = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let elsewhere_address = elsewhere.local_addr().unwrap();
+        let counted = Arc::clone(&hits);
+        let elsewhere_app = axum::Router::new().fallback(move || {
+            counted.fetch_add(1, Ordering::SeqCst);
+            async { "{}" }
+        });
+        tokio::spawn(async move { axum::serve(elsewhere, elsewhere_app).await });
+        let redirecting = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let redirecting_address = redirecting.local_addr().unwrap();
+        let location = format!("http://{elsewhere_address}/v1/chat/completions");
+        let redirecting_app = axum::Router::new().fallback(move || {
+            let location = location.clone();
+            async move { (axum::http::StatusCode::TEMPORARY_REDIRECT, [(header::LOCATION, location)]) }
+        });
+        tokio::spawn(async move { axum::serve(redirecting, redirecting_app).await });
+
+        let dir = tempfile::tempdir().unwrap();
+        let settings = settings(dir.path(), &format!("http://{redirecting_address}/v1"));
+        let upstream = Upstream::new(Duration::from_secs(5), DEFAULT_MAX_RESPONSE_BYTES).unwrap();
+        for size in [100, WHOLE_BODY_BELOW_BYTES + 100] {
+            let mut head = serde_json::Map::new();
+            head.insert("pad".into(), "x".repeat(size).into());
+            let body = ChunkedBody::open_object(head);
+            let answer = upstream.post(&settings, "chat/completions", body, &HeaderMap::new(), false).await;
+            assert!(
+                matches!(&answer, Err(GatewayError::UpstreamStatus { status, .. }) if status.as_u16() == 307),
+                "{size} bytes: {answer:?}"
+            );
+        }
+        assert_eq!(hits.load(Ordering::SeqCst), 0, "the prompt never reached the redirect's target");
+    }
+
     #[tokio::test]
     async fn an_unparseable_upstream_url_is_still_refused_when_sent() {
         let dir = tempfile::tempdir().unwrap();
-        let config = strata_api::gateway_config::GatewayConfig::from_json(
-            br#"{"version": 1, "agent": {"name": "a", "namespace": "n"},
-                "upstream": {"provider": "OpenAICompatible", "model": "m", "endpoint": "http://127.0.0.1:9/v1",
-                             "contextWindow": 32768, "tokenizer": "Approximate"},
-                "cacheKey": "k", "cacheKeyShort": "k", "sessionMode": "Stateful"}"#,
-        )
-        .unwrap();
-        let settings = Settings::from_config(config, &dir.path().join("gateway.json")).unwrap();
+        let settings = settings(dir.path(), "http://127.0.0.1:9/v1");
         let upstream = Upstream::new(Duration::from_secs(5), DEFAULT_MAX_RESPONSE_BYTES).unwrap();
         let request = upstream.request(&settings, reqwest::Method::GET, "not a url", &HeaderMap::new());
         let error = request.send().await.unwrap_err();
