@@ -114,9 +114,9 @@ pub enum JournalError {
 }
 
 impl JournalError {
-    /// Wraps an I/O error with the operation and path it came from.
-    pub(crate) fn io(operation: &'static str, path: &Path) -> impl FnOnce(io::Error) -> Self + use<> {
-        let path = path.to_path_buf();
-        move |source| JournalError::Io { operation, path, source }
+    /// Wraps an I/O error with the operation and path it came from; the path is copied only when
+    /// there is an error (appends and fsyncs on every request pass through here).
+    pub(crate) fn io<'a>(operation: &'static str, path: &'a Path) -> impl FnOnce(io::Error) -> Self + 'a {
+        move |source| JournalError::Io { operation, path: path.to_path_buf(), source }
     }
 }

@@ -331,11 +331,7 @@ impl Journal {
         let payload = self.encode(&entry)?;
         let mut frame = Vec::with_capacity(payload.len() + record::FRAME_PREFIX_LEN);
         record::encode_frame(&payload, &mut frame);
-        let written = self.log.append(&frame).map_err(|source| JournalError::Io {
-            operation: "append",
-            path: self.log_path.clone(),
-            source,
-        });
+        let written = self.log.append(&frame).map_err(JournalError::io("append", &self.log_path));
         self.poison_on_error(written)?;
         self.next_number += 1;
         self.total_tokens += entry.tokens;
@@ -357,11 +353,7 @@ impl Journal {
         if self.unsynced == 0 {
             return Ok(());
         }
-        let synced = self.log.sync().map_err(|source| JournalError::Io {
-            operation: "fsync",
-            path: self.log_path.clone(),
-            source,
-        });
+        let synced = self.log.sync().map_err(JournalError::io("fsync", &self.log_path));
         self.poison_on_error(synced)?;
         self.unsynced = 0;
         Ok(())

@@ -506,6 +506,16 @@ mod tests {
     use strata_api::gateway_config::GatewayConfig;
     use strata_core::journal::StdStorage;
 
+    /// A host of a fresh engine in a temporary directory (kept alive by the returned guard), and
+    /// its settings.
+    fn hosted() -> (tempfile::TempDir, Arc<Settings>, Arc<EngineHost>) {
+        let dir = tempfile::tempdir().unwrap();
+        let settings = settings(dir.path());
+        let engine = SessionEngine::open(dir.path(), &settings.session, now_ms()).unwrap();
+        let host = EngineHost::new(engine, Arc::new(StdStorage), dir.path(), Metrics::new().unwrap());
+        (dir, settings, Arc::new(host))
+    }
+
     fn settings(dir: &Path) -> Arc<Settings> {
         let config = GatewayConfig::from_json(
             br#"{"version": 1, "agent": {"name": "a", "namespace": "n"},
@@ -515,11 +525,6 @@ mod tests {
         )
         .unwrap();
         Arc::new(Settings::from_config(config, &dir.join("gateway.json")).unwrap())
-    }
-
-    fn host(dir: &Path, settings: &Settings) -> Arc<EngineHost> {
-        let engine = SessionEngine::open(dir, &settings.session, now_ms()).unwrap();
-        Arc::new(EngineHost::new(engine, Arc::new(StdStorage), dir, Metrics::new().unwrap()))
     }
 
     /// Engine work that journals a user note and returns the write sequence number.
@@ -538,9 +543,7 @@ mod tests {
     /// every other task; the ticker shows the worker kept running while other work held the engine.
     #[tokio::test]
     async fn a_call_meeting_a_busy_engine_waits_on_the_blocking_pool_not_on_the_worker() {
-        let dir = tempfile::tempdir().unwrap();
-        let settings = settings(dir.path());
-        let host = host(dir.path(), &settings);
+        let (_dir, settings, host) = hosted();
         let (started_tx, started_rx) = tokio::sync::oneshot::channel();
         let busy = {
             let host = Arc::clone(&host);
@@ -574,9 +577,7 @@ mod tests {
 
     #[tokio::test]
     async fn fast_fsyncs_run_in_place_and_slow_ones_are_left_to_the_blocking_pool() {
-        let dir = tempfile::tempdir().unwrap();
-        let settings = settings(dir.path());
-        let host = host(dir.path(), &settings);
+        let (_dir, settings, host) = hosted();
 
         let (seq, pending) =
             host.take_turn(Arc::clone(&settings), append_note(&settings), true).await.unwrap();
@@ -595,9 +596,7 @@ mod tests {
     /// mark the new engine's writes durable, and writes of the old engine cannot be waited for.
     #[tokio::test]
     async fn a_commit_of_a_reloaded_engine_does_not_mark_the_new_engines_writes_durable() {
-        let dir = tempfile::tempdir().unwrap();
-        let settings = settings(dir.path());
-        let host = host(dir.path(), &settings);
+        let (_dir, settings, host) = hosted();
         let (old_seq, old_pending) =
             host.take_turn(Arc::clone(&settings), append_note(&settings), false).await.unwrap();
         host.unload(&mut host.lock(), "a storage fault, for the test".into());
@@ -622,9 +621,7 @@ mod tests {
     #[tokio::test]
     async fn a_panic_unloads_the_engine_and_the_next_call_reloads_it_from_the_journal() {
         for placement in [Placement::Blocking, Placement::InPlace] {
-            let dir = tempfile::tempdir().unwrap();
-            let settings = settings(dir.path());
-            let host = host(dir.path(), &settings);
+            let (_dir, settings, host) = hosted();
             let generation = host
                 .run(placement, Arc::clone(&settings), |engine| Ok(engine.journal().generation()))
                 .await

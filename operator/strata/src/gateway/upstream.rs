@@ -31,7 +31,6 @@ const CONNECT_RETRY_PAUSE: Duration = Duration::from_millis(50);
 /// Largest upstream answer read by default (32 MiB); a larger one is refused.
 pub const DEFAULT_MAX_RESPONSE_BYTES: usize = 32 * 1024 * 1024;
 
-/// A failure building the HTTP client.
 /// Request bodies smaller than this go upstream as one buffer (joined with one small copy), which
 /// the HTTP client writes without polling a stream; larger ones are streamed from the body's
 /// shared pieces, never copied whole. The bound keeps the joined buffer in jemalloc's small size
@@ -48,6 +47,7 @@ enum Payload {
     Pieces(Vec<Bytes>),
 }
 
+/// A failure building the HTTP client.
 #[derive(Debug, thiserror::Error)]
 #[error("building the upstream HTTP client: {reason}")]
 pub struct ClientError {
