@@ -131,7 +131,7 @@ fn copy_dir(from: &Path, to: &Path) {
     }
 }
 
-fn config(fake: SocketAddr) -> GatewayConfig {
+fn config(fake: SocketAddr, session_mode: SessionMode) -> GatewayConfig {
     GatewayConfig {
         version: GATEWAY_CONFIG_VERSION,
         agent: AgentIdentity {
@@ -159,7 +159,7 @@ fn config(fake: SocketAddr) -> GatewayConfig {
         cache_key: "ab".repeat(32),
         cache_key_short: "ab".repeat(8),
         cache_epoch: 0,
-        session_mode: SessionMode::Stateful,
+        session_mode,
     }
 }
 
@@ -202,6 +202,9 @@ async fn read_all(response: Result<reqwest::Response, reqwest::Error>) -> Result
     }
 }
 
+/// The sequential phase whose client is a Transparent one (the whole history on every call).
+const TRANSPARENT: &str = "transparent";
+
 struct Phase {
     gateway: Vec<Duration>,
     direct: Vec<Duration>,
@@ -223,20 +226,57 @@ async fn timed_replay(client: &reqwest::Client, url: &str, body: Bytes) -> Resul
     read_all(response).await.map(|_| started.elapsed())
 }
 
+/// The messages a Transparent client has sent and received so far, shared by the phases of one
+/// gateway (its journal holds them).
+type Transcript = Arc<Mutex<Vec<serde_json::Value>>>;
+
+/// A chat request body as a client serializes it.
+#[derive(serde::Serialize)]
+struct ChatBody<'a> {
+    messages: &'a [serde_json::Value],
+    stream: bool,
+}
+
+/// The whole message list of a Transparent client whose history is at least `target_tokens`
+/// (the same notes the Stateful phases' journal is seeded with).
+fn transparent_history(target_tokens: u64) -> Vec<serde_json::Value> {
+    let counter = TokenCounter::new(TokenizerKind::O200kBase).unwrap();
+    let paragraph = "The deployment pipeline retries the flaky integration suite twice before paging. ";
+    let (mut messages, mut tokens) = (Vec::new(), 0u64);
+    let mut index = 0u64;
+    while tokens < target_tokens {
+        let role = if index.is_multiple_of(2) { "user" } else { "assistant" };
+        let text = format!("Note {index}: {}", paragraph.repeat(if target_tokens < 5_000 { 30 } else { 35 }));
+        tokens += u64::from(counter.count(&text));
+        messages.push(json!({"role": role, "content": text}));
+        index += 1;
+    }
+    // A client's history ends with the model's answer; the first request adds a user message.
+    if messages.last().is_some_and(|last| last["role"] == "user") {
+        messages.push(json!({"role": "assistant", "content": "Noted."}));
+    }
+    messages
+}
+
+/// Runs `per_stream` measured requests (after one unmeasured) on each of `streams` streams. With a
+/// `transcript`, the client is a Transparent one: it sends the whole message list on every call
+/// (one stream only) and keeps each answer in it.
 async fn run_phase(
     gateway: SocketAddr,
     fake: SocketAddr,
     proxy: Option<SocketAddr>,
     state: Arc<Fake>,
-    streams: usize,
-    per_stream: usize,
+    (streams, per_stream): (usize, usize),
+    transcript: Option<Transcript>,
 ) -> Phase {
+    assert!(transcript.is_none() || streams == 1, "a Transparent client is one stream");
     let client = reqwest::Client::builder().pool_max_idle_per_host(streams * 2).build().unwrap();
     let stream_requests = streams > 1;
     let mut tasks = Vec::with_capacity(streams);
     for stream in 0..streams {
         let client = client.clone();
         let state = Arc::clone(&state);
+        let transcript = transcript.clone();
         tasks.push(tokio::spawn(async move {
             let mut gateway_times = Vec::with_capacity(per_stream);
             let mut direct_times = Vec::with_capacity(per_stream);
@@ -246,7 +286,17 @@ async fn run_phase(
             }
             let mut failures = Vec::new();
             for index in 0..=per_stream {
-                let body = json!({"messages": [{"role": "user", "content": format!("p{stream}.{index}")}], "stream": stream_requests});
+                let message = json!({"role": "user", "content": format!("p{stream}.{index}")});
+                // Serialized before the clock starts: a client's own work is not the gateway's.
+                let body = match &transcript {
+                    Some(transcript) => {
+                        let mut messages = transcript.lock().unwrap();
+                        messages.push(message);
+                        serde_json::to_vec(&ChatBody { messages: &messages, stream: stream_requests })
+                    }
+                    None => serde_json::to_vec(&ChatBody { messages: &[message], stream: stream_requests }),
+                };
+                let body = Bytes::from(body.unwrap());
                 if let Some(proxy) = proxy {
                     // The proxy sends the upstream the body the gateway sent last (one turn shorter than
                     // the one it is about to send), staged now so that the proxy is as idle as the
@@ -258,21 +308,30 @@ async fn run_phase(
                     }
                 }
                 let started = Instant::now();
-                let response = client
+                let mut request = client
                     .post(format!("http://{gateway}/v1/chat/completions"))
-                    .header("x-strata-session", "bench")
-                    .json(&body)
-                    .send()
-                    .await;
-                let through_gateway = read_all(response).await.map(|_| started.elapsed());
+                    .header("content-type", "application/json")
+                    .body(body.clone());
+                if transcript.is_none() {
+                    request = request.header("x-strata-session", "bench");
+                }
+                let through_gateway = read_all(request.send().await).await.map(|_| started.elapsed());
+                if let Some(transcript) = &transcript {
+                    transcript.lock().unwrap().push(json!({"role": "assistant", "content": "k"}));
+                }
                 let replay = state.latest.lock().unwrap().clone();
                 let direct =
-                    timed_replay(&client, &format!("http://{fake}/v1/chat/completions"), replay.clone()).await;
+                    timed_replay(&client, &format!("http://{fake}/v1/chat/completions"), replay.clone())
+                        .await;
                 let through_proxy = match proxy {
                     Some(proxy) => {
                         let started = Instant::now();
-                        let response =
-                            client.post(format!("http://{proxy}/v1/chat/completions")).json(&body).send().await;
+                        let response = client
+                            .post(format!("http://{proxy}/v1/chat/completions"))
+                            .header("content-type", "application/json")
+                            .body(body)
+                            .send()
+                            .await;
                         Some(read_all(response).await.map(|_| started.elapsed()))
                     }
                     None => None,
@@ -334,10 +393,12 @@ impl Totals {
     }
 }
 
-/// The gateway's own account: its own work and its wait on the upstream.
+/// The gateway's own account: its own work, its wait on the upstream, and how often a Transparent
+/// history had to be rewound (a sign that the bench's client diverged from the journal).
 struct OwnTimes {
     work: Totals,
     upstream: Totals,
+    rewinds: f64,
 }
 
 async fn own_times(metrics: SocketAddr) -> OwnTimes {
@@ -354,6 +415,11 @@ async fn own_times(metrics: SocketAddr) -> OwnTimes {
     OwnTimes {
         work: totals("strata_gateway_added_overhead_seconds"),
         upstream: totals("strata_gateway_upstream_seconds"),
+        rewinds: text
+            .lines()
+            .filter(|line| line.starts_with("strata_gateway_transparent_rewinds_total"))
+            .filter_map(|line| line.rsplit(' ').next()?.parse::<f64>().ok())
+            .sum(),
     }
 }
 
@@ -405,16 +471,18 @@ async fn bench() -> i32 {
     let proxy = pass_through::PassThrough::spawn(fake);
 
     let root = tempfile::tempdir_in(bench_root()).unwrap();
-    let config_path = root.path().join("gateway.json");
-    std::fs::write(&config_path, serde_json::to_vec(&config(fake)).unwrap()).unwrap();
+    let config_path = |mode: SessionMode| root.path().join(format!("gateway-{mode:?}.json"));
+    for mode in [SessionMode::Stateful, SessionMode::Transparent] {
+        std::fs::write(config_path(mode), serde_json::to_vec(&config(fake, mode)).unwrap()).unwrap();
+    }
     let sequential_override =
         std::env::var("STRATA_BENCH_SEQUENTIAL").ok().and_then(|text| text.parse().ok());
     let phases: &[(&str, usize, usize)] = if max_ratio.is_some() {
-        &[("sequential", 1, 300)]
+        &[("sequential", 1, 300), (TRANSPARENT, 1, 300)]
     } else if quick {
-        &[("sequential", 1, 300), ("256 streams", 256, 2), ("2048 streams", 2048, 1)]
+        &[("sequential", 1, 300), (TRANSPARENT, 1, 300), ("256 streams", 256, 2), ("2048 streams", 2048, 1)]
     } else {
-        &[("sequential", 1, 2000), ("256 streams", 256, 8), ("2048 streams", 2048, 2)]
+        &[("sequential", 1, 2000), (TRANSPARENT, 1, 2000), ("256 streams", 256, 8), ("2048 streams", 2048, 2)]
     };
     let phases: Vec<(&str, usize, usize)> = phases
         .iter()
@@ -428,17 +496,50 @@ async fn bench() -> i32 {
         let seeded = root.path().join(format!("seed-{target}"));
         let seeded_tokens = seed(&seeded, target);
         for &(name, streams, per_stream) in &phases {
-            let data = root.path().join(format!("data-{target}-{streams}"));
-            copy_dir(&seeded, &data);
-            let gateway = spawn_gateway(&config_path, &data).await;
+            let data = root.path().join(format!("data-{target}-{name}"));
+            // A Transparent client starts from an empty journal: its first (unmeasured) request
+            // sends the whole history, which the gateway journals.
+            let (mode, transcript) = if name == TRANSPARENT {
+                (SessionMode::Transparent, Some(Arc::new(Mutex::new(transparent_history(target)))))
+            } else {
+                copy_dir(&seeded, &data);
+                (SessionMode::Stateful, None)
+            };
+            let gateway = spawn_gateway(&config_path(mode), &data).await;
             let sequential_proxy = (streams == 1).then_some(proxy.address);
-            run_phase(gateway.address, fake, sequential_proxy, Arc::clone(&state), 1, 20).await;
+            let warm_up = run_phase(
+                gateway.address,
+                fake,
+                sequential_proxy,
+                Arc::clone(&state),
+                (1, 20),
+                transcript.clone(),
+            )
+            .await;
+            if let Some(failure) = warm_up.failures.first() {
+                println!("  warm-up failed in {name}: {failure}");
+                regressions.push(format!("the warm-up failed at {target} tokens, {name}"));
+                continue;
+            }
             let before = journal_tokens(gateway.address).await;
             let own_before = own_times(gateway.metrics_address).await;
-            let phase =
-                run_phase(gateway.address, fake, sequential_proxy, Arc::clone(&state), streams, per_stream)
-                    .await;
+            let phase = run_phase(
+                gateway.address,
+                fake,
+                sequential_proxy,
+                Arc::clone(&state),
+                (streams, per_stream),
+                transcript,
+            )
+            .await;
             let own_after = own_times(gateway.metrics_address).await;
+            if own_after.rewinds > 0.0 {
+                println!(
+                    "  the gateway rewound {} times: the bench's Transparent client diverged from its journal",
+                    own_after.rewinds
+                );
+                regressions.push(format!("transparent rewinds at {target} tokens, {name}"));
+            }
             let after = journal_tokens(gateway.address).await;
             let (rss, peak) = rss_kib(gateway.child.id());
             let (anon, file) = rss_split_kib(gateway.child.id());

@@ -118,6 +118,69 @@ async fn an_edited_earlier_message_forks_from_the_last_shared_turn() {
     assert!(gateway.metrics().await.contains("strata_gateway_transparent_rewinds_total{cause=\"edit\"} 1"));
 }
 
+/// The counter of transparent messages read as `read` ("reused" or "parsed").
+fn messages_read(metrics: &str, read: &str) -> u64 {
+    let name = format!("strata_gateway_transparent_messages_total{{read=\"{read}\"}} ");
+    metrics.lines().find_map(|line| line.strip_prefix(name.as_str())?.parse().ok()).unwrap_or(0)
+}
+
+/// The history a client resends is taken from the last request's memo, not parsed and hashed
+/// again; an edited message and everything after it are read afresh, and a history sent with other
+/// bytes (pretty-printed) is read whole and still recognised.
+#[tokio::test]
+async fn a_resent_history_is_reused_byte_for_byte_and_an_edit_is_read_again() {
+    let fake = FakeUpstream::start().await;
+    fake.script(["a1", "a2", "a3", "a2 again", "a3 again"].map(|t| Reply::Text(t.into())));
+    let gateway = Harness::start(&fake, Provider::OpenAI, |_| {}).await;
+    let system = json!({"role": "system", "content": "Be brief."});
+    let a1 = send(&gateway, &[system.clone(), user("u1")]).await;
+    let a2 = send(&gateway, &[system.clone(), user("u1"), a1.clone(), user("u2")]).await;
+    send(&gateway, &[system.clone(), user("u1"), a1.clone(), user("u2"), a2.clone(), user("u3")]).await;
+    let metrics = gateway.metrics().await;
+    assert_eq!(
+        (messages_read(&metrics, "reused"), messages_read(&metrics, "parsed")),
+        (2 + 4, 2 + 2 + 2),
+        "each request reuses the whole history the previous one sent: {metrics}"
+    );
+
+    // The client edits u2: the messages before it are reused, the rest read, the journal forks.
+    send(&gateway, &[system.clone(), user("u1"), a1.clone(), user("u2, edited")]).await;
+    assert_eq!(
+        conversation(&fake.last()),
+        pairs(&[("user", "u1"), ("assistant", "a1"), ("user", "u2, edited")])
+    );
+    let metrics = gateway.metrics().await;
+    assert_eq!(messages_read(&metrics, "reused"), 6 + 3, "{metrics}");
+    assert!(metrics.contains("strata_gateway_transparent_rewinds_total{cause=\"edit\"} 1"), "{metrics}");
+
+    // The same conversation in other bytes: nothing is reused, and nothing is rewound either.
+    let a2_again = json!({"role": "assistant", "content": "a2 again"});
+    let history = json!({"messages": [system, user("u1"), a1, user("u2, edited"), a2_again, user("u3")]});
+    let response = reqwest::Client::new()
+        .post(gateway.url(CHAT))
+        .header("content-type", "application/json")
+        .body(serde_json::to_string_pretty(&history).unwrap())
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 200);
+    assert_eq!(
+        conversation(&fake.last()),
+        pairs(&[
+            ("user", "u1"),
+            ("assistant", "a1"),
+            ("user", "u2, edited"),
+            ("assistant", "a2 again"),
+            ("user", "u3")
+        ])
+    );
+    let metrics = gateway.metrics().await;
+    assert_eq!(messages_read(&metrics, "reused"), 9, "other bytes are never reused: {metrics}");
+    assert!(!metrics.contains("cause=\"retry\""), "{metrics}");
+    assert!(!metrics.contains("cause=\"new_conversation\""), "{metrics}");
+    assert_all_valid(&fake, Api::OpenAi);
+}
+
 #[tokio::test]
 async fn a_retried_turn_adds_nothing() {
     let fake = FakeUpstream::start().await;

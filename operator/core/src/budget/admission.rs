@@ -1,7 +1,7 @@
 //! Operation admission: identifiers, requests and the seed-000 `context_budget_exceeded` notice.
 
 use serde::{Deserialize, Serialize};
-use sha2::{Digest, Sha256};
+use twox_hash::XxHash3_128;
 
 use super::policy::BudgetError;
 
@@ -21,15 +21,17 @@ impl OperationId {
         Self(format!("op_{sequence}"))
     }
 
-    /// `op_<16 hex>` from a digest of the operation kind and its canonical payload: a retry of
-    /// the same request gets the same id.
+    /// `op_<16 hex>` from a digest (XXH3-128) of the operation kind and its canonical payload: a
+    /// retry of the same request gets the same id. The id names an operation; it is not a secret
+    /// or a proof of integrity, so a fast non-cryptographic digest serves (the payload is a whole
+    /// request body, megabytes at a long history).
     pub fn from_request(kind: &str, payload: &[u8]) -> Self {
-        let mut hasher = Sha256::new();
+        let mut hasher = XxHash3_128::new();
         for field in [kind.as_bytes(), payload] {
-            hasher.update((field.len() as u64).to_be_bytes());
-            hasher.update(field);
+            hasher.write(&(field.len() as u64).to_be_bytes());
+            hasher.write(field);
         }
-        let digest = hex::encode(hasher.finalize());
+        let digest = hex::encode(hasher.finish_128().to_be_bytes());
         Self(format!("op_{}", &digest[..REQUEST_DIGEST_HEX_CHARS]))
     }
 

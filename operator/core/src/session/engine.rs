@@ -265,6 +265,9 @@ pub struct AdmittedTurn {
     /// Transparent sessions: the chain value after the request's last message, to which the
     /// answer is chained once the client has seen it.
     pub chain_tail: Option<ChainHash>,
+    /// Transparent sessions: the chain value after each of the request's turns (for the caller's
+    /// [`super::message_memo::MessageMemo`]); empty for a stateful request.
+    pub chains: Vec<ChainHash>,
     /// Delegation results journaled as digests.
     pub digests: Vec<DigestRecord>,
     /// The first upstream call.
@@ -1007,9 +1010,10 @@ impl SessionEngine {
     fn place_turns(
         &mut self,
         turns: &[Turn],
+        known_chains: &[ChainHash],
         now_ms: u64,
     ) -> Result<(usize, Vec<ChainHash>, Option<Rewind>), EngineError> {
-        let (chains, first_known) = self.transparent.split(turns);
+        let (chains, first_known) = self.transparent.split(turns, known_chains);
         let (keep, first_new, dropped) =
             match self.transparent.locate(&chains, first_known, self.journal.entries()) {
                 Placement::Extends { first_new } => return Ok((first_new, chains, None)),
@@ -1693,7 +1697,7 @@ impl SessionEngine {
         self.rank_tools(settings, latest_user_text(&request.turns))?;
         self.prepare_prefix(settings, &request.system_text, &request.tools)?;
         let (first_new, chains, rewind) = if transparent {
-            self.place_turns(&request.turns, now_ms)?
+            self.place_turns(&request.turns, &request.known_chains, now_ms)?
         } else {
             self.place_keyed(request_key, &request.turns, now_ms)?
         };
@@ -1771,6 +1775,7 @@ impl SessionEngine {
             rewind,
             volatile_system: self.system_split.kinds.clone(),
             chain_tail,
+            chains: if transparent { chains } else { Vec::new() },
             digests,
             first_call,
         })))

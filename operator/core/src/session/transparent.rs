@@ -149,12 +149,17 @@ impl TransparentIndex {
     }
 
     /// The chain values of `turns` and the index of the first turn that is not yet journaled.
-    pub fn split(&self, turns: &[Turn]) -> (Vec<ChainHash>, usize) {
+    /// `known` holds chain values of leading turns already computed by the caller (a
+    /// [`super::message_memo::MessageMemo`]): `known[i]` must be the value after `turns[i]`.
+    pub fn split(&self, turns: &[Turn], known: &[ChainHash]) -> (Vec<ChainHash>, usize) {
         let mut chains = Vec::with_capacity(turns.len());
         let mut previous = [0u8; 32];
         let mut first_new = 0;
         for (index, turn) in turns.iter().enumerate() {
-            previous = chain(&previous, turn);
+            previous = match known.get(index) {
+                Some(value) => *value,
+                None => chain(&previous, turn),
+            };
             if self.known.contains_key(&previous) {
                 first_new = index + 1;
             }

@@ -1,6 +1,7 @@
 //! Provider-neutral request and response shapes shared by the OpenAI and Anthropic adapters.
 
 use crate::entry::{Content, EntryKind, Role, ToolCall};
+use crate::session::transparent::ChainHash;
 use serde_json::{Map, Value};
 
 /// Which client-facing API a request came in on.
@@ -51,6 +52,9 @@ pub struct ChatRequest {
     pub params: Map<String, Value>,
     /// OpenAI streaming: whether the client asked for the usage chunk.
     pub wants_usage: bool,
+    /// Transparent sessions: chain values of the leading turns that are already known (from a
+    /// [`super::message_memo::MessageMemo`]); `known_chains[i]` is the value after `turns[i]`.
+    pub known_chains: Vec<ChainHash>,
 }
 
 impl ChatRequest {
@@ -65,6 +69,7 @@ impl ChatRequest {
             tools: Vec::new(),
             params: Map::new(),
             wants_usage: false,
+            known_chains: Vec::new(),
         }
     }
 }

@@ -8,8 +8,12 @@ use serde_json::{Value, json};
 use strata_core::entry::{Content, Role, ToolCall, ToolResult};
 
 use super::errors::GatewayError;
+use super::openai::message_value;
+use super::provider::ParsedRequest;
 use super::schema_retry::SchemaRetryHold;
 use super::sse;
+use strata_core::session::message_memo::{MessageMemo, Reading};
+use strata_core::session::request_body::{SplitBody, split_body};
 use strata_core::session::tool_schema::is_memory_tool;
 use strata_core::session::turn::{Api, AssistantOutput, ChatRequest, Turn, Usage, text_of};
 
@@ -106,25 +110,21 @@ fn assistant_turn(index: usize, content: &Value) -> Result<Turn, GatewayError> {
     })
 }
 
-/// Parses a `POST /v1/messages` body.
-pub fn parse_request(body: &[u8]) -> Result<ChatRequest, GatewayError> {
-    let value: Value = serde_json::from_slice(body)
-        .map_err(|error| bad(format!("request body is not valid JSON: {error}")))?;
-    let Value::Object(mut fields) = value else {
-        return Err(bad("request body must be a JSON object"));
-    };
-    let Some(Value::Array(messages)) = fields.get("messages") else {
-        return Err(bad("`messages` is required and must be an array"));
-    };
-    let mut turns = Vec::with_capacity(messages.len());
-    for (index, message) in messages.iter().enumerate() {
+/// Parses a `POST /v1/messages` body; messages equal to the ones `memo` remembers are taken from
+/// it instead of being parsed again.
+pub fn parse_request(body: &Bytes, memo: MessageMemo) -> Result<ParsedRequest, GatewayError> {
+    let SplitBody { messages, mut fields } = split_body(body).map_err(|error| bad(error.to_string()))?;
+    let read = memo.read(Api::Anthropic, body, &messages, |index, raw| {
+        let message = message_value(index, raw)?;
         let content = message.get("content").unwrap_or(&Value::Null);
+        let mut turns = Vec::with_capacity(1);
         match message.get("role").and_then(Value::as_str).unwrap_or_default() {
             "user" => user_turns(index, content, &mut turns)?,
             "assistant" => turns.push(assistant_turn(index, content)?),
             other => return Err(bad(format!("messages[{index}]: role {other:?} is not supported"))),
         }
-    }
+        Ok(Reading { system: None, turns })
+    })?;
     let system_text = match fields.get("system") {
         None | Some(Value::Null) => String::new(),
         Some(system) => {
@@ -140,14 +140,21 @@ pub fn parse_request(body: &[u8]) -> Result<ChatRequest, GatewayError> {
     for field in CONSUMED_FIELDS {
         fields.remove(field);
     }
-    Ok(ChatRequest {
+    let request = ChatRequest {
         api: Api::Anthropic,
         stream,
         system_text,
-        turns,
+        turns: read.turns,
         tools,
         params: fields,
         wants_usage: false,
+        known_chains: read.known_chains,
+    };
+    Ok(ParsedRequest {
+        request,
+        recollection: read.recollection,
+        messages: messages.len(),
+        reused_messages: read.reused_messages,
     })
 }
 

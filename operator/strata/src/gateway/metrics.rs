@@ -48,6 +48,9 @@ pub struct Metrics {
     pub compaction_tokens: IntCounterVec,
     /// Transparent-session journal rewinds (the client's history diverged), by cause.
     pub transparent_rewinds: IntCounterVec,
+    /// Messages of transparent requests, by how they were read: `reused` from the last request's
+    /// memo (byte-identical) or `parsed`.
+    pub transparent_messages: IntCounterVec,
     /// Requests whose system prompt carried volatile material moved below the cache boundary, by kind.
     pub volatile_system: IntCounterVec,
     /// Bytes of tool output spilled to the artifact store.
@@ -247,6 +250,12 @@ impl Metrics {
                 "strata_gateway_transparent_rewinds_total",
                 "Journal rewinds because a transparent client's history diverged (retry, edit, new_conversation)",
                 &["cause"],
+            )?,
+            transparent_messages: counter_vec(
+                &registry,
+                "strata_gateway_transparent_messages_total",
+                "Messages of transparent requests: reused (byte-identical to the last request's, not parsed or hashed again) or parsed",
+                &["read"],
             )?,
             volatile_system: counter_vec(
                 &registry,

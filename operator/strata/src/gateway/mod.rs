@@ -339,6 +339,7 @@ fn assemble(
         inspect: inspect::InspectLog::default(),
         max_body_bytes: args.max_body_bytes,
         responses: response_cache::ResponseCache::default(),
+        messages: Default::default(),
         volume: Arc::new(volume::VolumeUsage::default()),
     }))
 }

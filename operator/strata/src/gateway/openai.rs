@@ -2,11 +2,15 @@
 //! streamed or not, with the gateway's memory tools hidden.
 
 use bytes::Bytes;
+use serde_json::value::RawValue;
 use serde_json::{Value, json};
 use strata_core::entry::ToolCall;
-use strata_core::session::openai_messages::parse_messages;
+use strata_core::session::message_memo::{MessageMemo, Reading};
+use strata_core::session::openai_messages::parse_message;
+use strata_core::session::request_body::{SplitBody, split_body};
 
 use super::errors::GatewayError;
+use super::provider::ParsedRequest;
 use super::schema_retry::SchemaRetryHold;
 use super::sse;
 use strata_core::session::tool_schema::{COMPACT_TOOL_NAME, PURGE_TOOL_NAME, is_memory_tool};
@@ -19,23 +23,22 @@ fn bad(message: impl Into<String>) -> GatewayError {
     GatewayError::BadRequest(message.into())
 }
 
-/// Parses a `POST /v1/chat/completions` body.
-pub fn parse_request(body: &[u8]) -> Result<ChatRequest, GatewayError> {
-    let value: Value = serde_json::from_slice(body)
-        .map_err(|error| bad(format!("request body is not valid JSON: {error}")))?;
-    let Value::Object(mut fields) = value else {
-        return Err(bad("request body must be a JSON object"));
-    };
+/// Parses a `POST /v1/chat/completions` body; messages equal to the ones `memo` remembers are
+/// taken from it instead of being parsed again.
+pub fn parse_request(body: &Bytes, memo: MessageMemo) -> Result<ParsedRequest, GatewayError> {
+    let SplitBody { messages, mut fields } = split_body(body).map_err(|error| bad(error.to_string()))?;
     if fields.contains_key("functions") || fields.contains_key("function_call") {
         return Err(bad("`functions`/`function_call` are not supported; use `tools`"));
     }
     if fields.get("n").and_then(Value::as_u64).is_some_and(|n| n > 1) {
         return Err(bad("`n` > 1 is not supported: the journal records one answer per turn"));
     }
-    let Some(Value::Array(messages)) = fields.get("messages") else {
-        return Err(bad("`messages` is required and must be an array"));
-    };
-    let parsed = parse_messages(messages).map_err(bad)?;
+    let read = memo.read(Api::OpenAi, body, &messages, |index, raw| {
+        let message = message_value(index, raw)?;
+        let mut system = Vec::new();
+        let turn = parse_message(index, &message, &mut system).map_err(bad)?;
+        Ok::<_, GatewayError>(Reading { system: system.pop(), turns: turn.into_iter().collect() })
+    })?;
     let stream = fields.get("stream").and_then(Value::as_bool).unwrap_or(false);
     let wants_usage = fields
         .get("stream_options")
@@ -50,15 +53,28 @@ pub fn parse_request(body: &[u8]) -> Result<ChatRequest, GatewayError> {
     for field in CONSUMED_FIELDS {
         fields.remove(field);
     }
-    Ok(ChatRequest {
+    let request = ChatRequest {
         api: Api::OpenAi,
         stream,
-        system_text: parsed.system.join("\n\n"),
-        turns: parsed.turns,
+        system_text: read.system.join("\n\n"),
+        turns: read.turns,
         tools,
         params: fields,
         wants_usage,
+        known_chains: read.known_chains,
+    };
+    Ok(ParsedRequest {
+        request,
+        recollection: read.recollection,
+        messages: messages.len(),
+        reused_messages: read.reused_messages,
     })
+}
+
+/// One message of a request as a JSON value (its bytes were already checked to be JSON).
+pub fn message_value(index: usize, raw: &RawValue) -> Result<Value, GatewayError> {
+    serde_json::from_str(raw.get())
+        .map_err(|error| bad(format!("messages[{index}] is not valid JSON: {error}")))
 }
 
 /// Usage from an OpenAI `usage` object.

@@ -12,7 +12,7 @@
 //! error event in its provider's shape and journals nothing of that round.
 
 use std::convert::Infallible;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use axum::body::Body;
@@ -23,6 +23,7 @@ use futures::StreamExt;
 use serde_json::{Map, Value};
 use strata_api::agent::SessionMode;
 use strata_core::budget::{BudgetLevel, MaxTokensClamp, OperationId};
+use strata_core::session::message_memo::MessageMemo;
 use strata_core::session::request_keys::KeyRefusal;
 use strata_core::session::tool_schema::is_memory_tool;
 use strata_core::session::transparent::ChainHash;
@@ -38,7 +39,7 @@ use super::errors::GatewayError;
 use super::inspect::{InspectLog, RequestRecord, RoundRecord, cache_outcome};
 use super::metrics::Metrics;
 use super::pending::PendingOperations;
-use super::provider::{ProviderAdapter, adapter, adapter_for};
+use super::provider::{ParsedRequest, ProviderAdapter, adapter, adapter_for};
 use super::response_cache::{self, CacheKey, CachedAnswer, ResponseCache};
 use super::sse::SseParser;
 use super::upstream::Upstream;
@@ -76,6 +77,9 @@ pub struct Gateway {
     pub max_body_bytes: usize,
     /// Answers of tool-less transparent requests, when the policy enables the response cache.
     pub responses: ResponseCache,
+    /// The last transparent request's messages, so the history a client resends is not parsed
+    /// and hashed again.
+    pub messages: Mutex<MessageMemo>,
     /// Bytes used on the data volume.
     pub volume: Arc<super::volume::VolumeUsage>,
     /// Compactions with the policy's summariser model, off the engine.
@@ -100,6 +104,16 @@ impl Gateway {
         work: impl FnOnce(&mut SessionEngine) -> Result<T, EngineError> + Send + 'static,
     ) -> Result<T, GatewayError> {
         self.engine.run(Placement::InPlace, self.live.get(), work).await
+    }
+
+    /// The message memo, taken over by a transparent request.
+    fn take_memo(&self) -> MessageMemo {
+        std::mem::take(&mut *self.messages.lock().unwrap_or_else(PoisonError::into_inner))
+    }
+
+    /// Hands a memo back.
+    fn put_memo(&self, memo: MessageMemo) {
+        *self.messages.lock().unwrap_or_else(PoisonError::into_inner) = memo;
     }
 
     /// Runs a request's engine call in place without waiting for its writes to be durable; see
@@ -178,14 +192,23 @@ async fn prepare(
     let settings = gateway.live.get();
     let adapter = adapter(api);
     check_api(&settings, adapter)?;
-    let request = adapter.parse_request(body)?;
     let has_session = headers.contains_key(SESSION_HEADER);
+    let transparent = !has_session;
+    // A request takes the memo over and hands it back after the engine (a concurrent one meanwhile
+    // reads all of its messages): each memo is one request's bytes, turns and chains.
+    let memo = if transparent { gateway.take_memo() } else { MessageMemo::default() };
+    let ParsedRequest { request, recollection, messages, reused_messages } =
+        adapter.parse_request(body, memo)?;
+    if transparent {
+        let read = &gateway.metrics.transparent_messages;
+        read.with_label_values(&["reused"]).inc_by(reused_messages as u64);
+        read.with_label_values(&["parsed"]).inc_by((messages - reused_messages) as u64);
+    }
     if settings.config.session_mode == SessionMode::Stateful && !has_session {
         return Err(GatewayError::BadRequest(format!(
             "this agent's session mode is Stateful: send only the new messages, with an {SESSION_HEADER} header"
         )));
     }
-    let transparent = !has_session;
     let request_key = headers
         .get(IDEMPOTENCY_KEY_HEADER)
         .filter(|_| !transparent)
@@ -208,7 +231,7 @@ async fn prepare(
     let work_settings = Arc::clone(&settings);
     let operation = operation_id.clone();
     let work_head = head.clone();
-    let ((request, outcome, ask), turn_writes) = gateway
+    let ((mut request, outcome, ask), turn_writes) = gateway
         .with_engine_in_place_unsynced(move |engine| {
             let turn = TurnRequest {
                 request: &request,
@@ -245,7 +268,11 @@ async fn prepare(
             return Err(GatewayError::Blocked(notice));
         }
     };
-    let admitted = *admitted;
+    let mut admitted = *admitted;
+    if transparent {
+        let turns = std::mem::take(&mut request.turns);
+        gateway.put_memo(recollection.remember(turns, std::mem::take(&mut admitted.chains)));
+    }
     let admission_events = admitted.events();
     let (new_entries, spilled_bytes, deduplicated, chain_tail, first_call) = (
         admitted.new_entries,

@@ -5,6 +5,7 @@
 use bytes::Bytes;
 use serde_json::{Map, Value, json};
 use strata_api::agent::Provider;
+use strata_core::session::message_memo::{MessageMemo, Recollection};
 use strata_core::session::{Api, AssistantOutput, ChatRequest, Usage};
 
 use super::errors::GatewayError;
@@ -13,6 +14,19 @@ use super::{anthropic, openai};
 
 /// The Anthropic API version sent when the client names none.
 pub const DEFAULT_ANTHROPIC_VERSION: &str = "2023-06-01";
+
+/// A client's request, parsed, and what the message memo is to keep of it.
+#[derive(Debug)]
+pub struct ParsedRequest {
+    /// The request in neutral form.
+    pub request: ChatRequest,
+    /// Its messages, remembered once the engine has chain-hashed their turns.
+    pub recollection: Recollection,
+    /// Messages in the request.
+    pub messages: usize,
+    /// Of those, the ones taken from the memo rather than parsed.
+    pub reused_messages: usize,
+}
 
 /// One provider API as the gateway speaks it, to clients and to the upstream.
 pub trait ProviderAdapter: Sync {
@@ -26,8 +40,8 @@ pub trait ProviderAdapter: Sync {
     fn upstream_path(&self) -> &'static str;
     /// Whether an upstream of `provider` speaks this API.
     fn serves(&self, provider: Provider) -> bool;
-    /// The client's request, parsed.
-    fn parse_request(&self, body: &[u8]) -> Result<ChatRequest, GatewayError>;
+    /// The client's request, parsed; messages equal to those `memo` remembers are taken from it.
+    fn parse_request(&self, body: &Bytes, memo: MessageMemo) -> Result<ParsedRequest, GatewayError>;
     /// A complete (non-streaming) upstream answer, parsed.
     fn parse_answer(&self, value: Value) -> Result<AssistantOutput, GatewayError>;
     /// Whether the answer stopped at its output-token limit.
@@ -122,8 +136,8 @@ impl ProviderAdapter for OpenAiAdapter {
         matches!(provider, Provider::OpenAI | Provider::OpenAICompatible)
     }
 
-    fn parse_request(&self, body: &[u8]) -> Result<ChatRequest, GatewayError> {
-        openai::parse_request(body)
+    fn parse_request(&self, body: &Bytes, memo: MessageMemo) -> Result<ParsedRequest, GatewayError> {
+        openai::parse_request(body, memo)
     }
 
     fn parse_answer(&self, value: Value) -> Result<AssistantOutput, GatewayError> {
@@ -211,8 +225,8 @@ impl ProviderAdapter for AnthropicAdapter {
         provider == Provider::Anthropic
     }
 
-    fn parse_request(&self, body: &[u8]) -> Result<ChatRequest, GatewayError> {
-        anthropic::parse_request(body)
+    fn parse_request(&self, body: &Bytes, memo: MessageMemo) -> Result<ParsedRequest, GatewayError> {
+        anthropic::parse_request(body, memo)
     }
 
     fn parse_answer(&self, value: Value) -> Result<AssistantOutput, GatewayError> {

@@ -1,0 +1,273 @@
+//! What the last transparent request's messages were read as, by their exact bytes: a client
+//! resends its whole history on every call, so the messages it resends unchanged are neither parsed
+//! nor chain-hashed again.
+//!
+//! A message is reused only when its bytes equal, byte for byte, those of the message at the same
+//! position in the last request, and so do the bytes of every message before it. Its reading (the
+//! system text or turns it gave) and the chain values of those turns are then the ones computed
+//! last time, since both depend on nothing but those bytes. The memo holds the last body (shared,
+//! not copied) and its turns, which the request takes over and hands back once the engine is done.
+
+use std::ops::Range;
+
+use bytes::Bytes;
+use serde_json::value::RawValue;
+
+use super::transparent::ChainHash;
+use super::turn::{Api, Turn};
+
+/// What one message was read as.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct Reading {
+    /// System text (an OpenAI system or developer message).
+    pub system: Option<String>,
+    /// The turns it holds (one, or several for an Anthropic message mixing tool results and text).
+    pub turns: Vec<Turn>,
+}
+
+/// One message of a remembered request.
+#[derive(Debug, Clone)]
+struct Remembered {
+    /// Where its bytes are in the body.
+    raw: Range<usize>,
+    system: Option<String>,
+    /// How many turns it gave.
+    turns: usize,
+}
+
+/// The last transparent request's messages and turns, with their chain values.
+#[derive(Debug, Default)]
+pub struct MessageMemo {
+    api: Option<Api>,
+    body: Bytes,
+    messages: Vec<Remembered>,
+    turns: Vec<Turn>,
+    /// The chain value after each of `turns`.
+    chains: Vec<ChainHash>,
+}
+
+/// A request's messages, read with the memo's help.
+#[derive(Debug)]
+pub struct ReadMessages {
+    /// System texts in order.
+    pub system: Vec<String>,
+    /// Every turn in order.
+    pub turns: Vec<Turn>,
+    /// The chain values of the leading turns that were reused (`known_chains[i]` is the value
+    /// after `turns[i]`).
+    pub known_chains: Vec<ChainHash>,
+    /// How many messages were reused rather than parsed.
+    pub reused_messages: usize,
+    /// What to remember of this request once its turns are chain-hashed.
+    pub recollection: Recollection,
+}
+
+/// A request's messages, to be remembered with their turns and chain values
+/// ([`Recollection::remember`]).
+#[derive(Debug, Default)]
+pub struct Recollection {
+    api: Option<Api>,
+    body: Bytes,
+    /// `None` when a message's bytes could not be located in the body (never for a body split by
+    /// [`super::request_body::split_body`]): nothing is remembered then.
+    messages: Option<Vec<Remembered>>,
+}
+
+/// Where `raw` lies in `body`, when it was read from it.
+fn span(body: &[u8], raw: &RawValue) -> Option<Range<usize>> {
+    let text = raw.get().as_bytes();
+    let start = (text.as_ptr() as usize).checked_sub(body.as_ptr() as usize)?;
+    let end = start.checked_add(text.len())?;
+    (end <= body.len()).then_some(start..end)
+}
+
+impl MessageMemo {
+    /// Reads `messages` (raw elements of `body`'s `messages`, on `api`): the leading ones equal to
+    /// the remembered request's are taken from the memo, the rest read by `read`.
+    pub fn read<E>(
+        self,
+        api: Api,
+        body: &Bytes,
+        messages: &[&RawValue],
+        mut read: impl FnMut(usize, &RawValue) -> Result<Reading, E>,
+    ) -> Result<ReadMessages, E> {
+        let MessageMemo { api: memo_api, body: memo_body, messages: memo_messages, mut turns, chains } = self;
+        let spans: Option<Vec<Range<usize>>> = messages.iter().map(|raw| span(body, raw)).collect();
+        let mut reused = 0;
+        let mut reused_turns = 0;
+        if memo_api == Some(api)
+            && let Some(spans) = &spans
+        {
+            for (span, remembered) in spans.iter().zip(&memo_messages) {
+                if body.get(span.clone()) != memo_body.get(remembered.raw.clone()) {
+                    break;
+                }
+                reused += 1;
+                reused_turns += remembered.turns;
+            }
+        }
+        if turns.len() < reused_turns {
+            (reused, reused_turns) = (0, 0);
+        }
+        turns.truncate(reused_turns);
+        let known_chains = chains.get(..reused_turns).map(<[ChainHash]>::to_vec).unwrap_or_default();
+        let mut system: Vec<String> =
+            memo_messages[..reused].iter().filter_map(|remembered| remembered.system.clone()).collect();
+        let mut counts: Vec<(Option<String>, usize)> = memo_messages[..reused]
+            .iter()
+            .map(|remembered| (remembered.system.clone(), remembered.turns))
+            .collect();
+        for (index, raw) in messages.iter().enumerate().skip(reused) {
+            let reading = read(index, raw)?;
+            counts.push((reading.system.clone(), reading.turns.len()));
+            system.extend(reading.system);
+            turns.extend(reading.turns);
+        }
+        let remembered = spans.map(|spans| {
+            spans
+                .into_iter()
+                .zip(counts)
+                .map(|(raw, (system, turns))| Remembered { raw, system, turns })
+                .collect()
+        });
+        Ok(ReadMessages {
+            system,
+            turns,
+            known_chains,
+            reused_messages: reused,
+            recollection: Recollection { api: Some(api), body: body.clone(), messages: remembered },
+        })
+    }
+
+    /// How many messages are remembered.
+    pub fn len(&self) -> usize {
+        self.messages.len()
+    }
+
+    /// Whether nothing is remembered.
+    pub fn is_empty(&self) -> bool {
+        self.messages.is_empty()
+    }
+}
+
+impl Recollection {
+    /// The memo of this request, given its turns and the chain value after each. An empty memo
+    /// when they do not match the messages read (nothing is reused then).
+    pub fn remember(self, turns: Vec<Turn>, chains: Vec<ChainHash>) -> MessageMemo {
+        let Some(messages) = self.messages else { return MessageMemo::default() };
+        let expected: usize = messages.iter().map(|remembered| remembered.turns).sum();
+        if turns.len() != expected || chains.len() != expected {
+            return MessageMemo::default();
+        }
+        MessageMemo { api: self.api, body: self.body, messages, turns, chains }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+    use crate::entry::{Content, Role};
+    use crate::session::request_body::split_body;
+
+    /// Reads OpenAI-like messages of `{"role", "content"}`, counting the messages parsed.
+    fn read(memo: MessageMemo, body: &str, parsed: &mut usize) -> ReadMessages {
+        let body = Bytes::from(body.to_owned());
+        let split = split_body(&body).unwrap();
+        memo.read(Api::OpenAi, &body, &split.messages, |_, raw| {
+            *parsed += 1;
+            let value: serde_json::Value = serde_json::from_str(raw.get()).unwrap();
+            let text = value["content"].as_str().unwrap().to_owned();
+            Ok::<_, String>(match value["role"].as_str().unwrap() {
+                "system" => Reading { system: Some(text), turns: vec![] },
+                "user" => Reading {
+                    system: None,
+                    turns: vec![Turn { role: Role::User, content: Content::text(text) }],
+                },
+                _ => Reading {
+                    system: None,
+                    turns: vec![Turn { role: Role::Assistant, content: Content::text(text) }],
+                },
+            })
+        })
+        .unwrap()
+    }
+
+    /// Chain values as the engine computes them.
+    fn chains_of(turns: &[Turn]) -> Vec<ChainHash> {
+        crate::session::transparent::TransparentIndex::in_memory().split(turns, &[]).0
+    }
+
+    #[test]
+    fn an_unchanged_prefix_is_reused_with_its_chains_and_the_rest_is_read() {
+        let mut parsed = 0;
+        let first = r#"{"messages":[{"role":"system","content":"s"},{"role":"user","content":"a"},{"role":"assistant","content":"b"}]}"#;
+        let read_first = read(MessageMemo::default(), first, &mut parsed);
+        assert_eq!((parsed, read_first.reused_messages), (3, 0));
+        let chains = chains_of(&read_first.turns);
+        let memo = read_first.recollection.remember(read_first.turns, chains.clone());
+        assert_eq!(memo.len(), 3);
+
+        parsed = 0;
+        // Other whitespace around the messages and another field: the messages are the same bytes.
+        let second = r#"{"model":"m", "messages": [{"role":"system","content":"s"}, {"role":"user","content":"a"},{"role":"assistant","content":"b"},{"role":"user","content":"c"}]}"#;
+        let read_second = read(memo, second, &mut parsed);
+        assert_eq!((parsed, read_second.reused_messages), (1, 3));
+        assert_eq!(read_second.system, ["s"]);
+        assert_eq!(read_second.known_chains, chains);
+        let fresh = read(MessageMemo::default(), second, &mut 0);
+        assert_eq!(read_second.turns, fresh.turns, "reused turns are the ones a fresh read gives");
+        assert_eq!(chains_of(&read_second.turns)[..2], read_second.known_chains[..]);
+    }
+
+    #[test]
+    fn reuse_stops_at_the_first_changed_message_and_never_crosses_apis() {
+        let mut parsed = 0;
+        let first = r#"{"messages":[{"role":"user","content":"a"},{"role":"assistant","content":"b"},{"role":"user","content":"c"}]}"#;
+        let read_first = read(MessageMemo::default(), first, &mut parsed);
+        let chains = chains_of(&read_first.turns);
+        let memo = read_first.recollection.remember(read_first.turns, chains.clone());
+
+        parsed = 0;
+        let edited = r#"{"messages":[{"role":"user","content":"a"},{"role":"assistant","content":"B"},{"role":"user","content":"c"}]}"#;
+        let read_edited = read(memo, edited, &mut parsed);
+        assert_eq!(
+            (parsed, read_edited.reused_messages),
+            (2, 1),
+            "only the message before the edit is reused"
+        );
+        assert_eq!(read_edited.known_chains, chains[..1]);
+
+        let chains = chains_of(&read_edited.turns);
+        let memo = read_edited.recollection.remember(read_edited.turns, chains);
+        let body = Bytes::from(edited.to_owned());
+        let split = split_body(&body).unwrap();
+        let other_api = memo
+            .read(Api::Anthropic, &body, &split.messages, |_, _| Ok::<_, String>(Reading::default()))
+            .unwrap();
+        assert_eq!(other_api.reused_messages, 0, "a memo of the OpenAI API is not used for Anthropic");
+    }
+
+    #[test]
+    fn a_memo_given_the_wrong_number_of_turns_or_chains_remembers_nothing() {
+        let body = r#"{"messages":[{"role":"user","content":"a"}]}"#;
+        let read_once = read(MessageMemo::default(), body, &mut 0);
+        let turns = read_once.turns.clone();
+        assert!(read_once.recollection.remember(turns.clone(), vec![]).is_empty());
+        let read_again = read(MessageMemo::default(), body, &mut 0);
+        assert!(read_again.recollection.remember(vec![], vec![]).is_empty());
+        let read_third = read(MessageMemo::default(), body, &mut 0);
+        let chains = chains_of(&turns);
+        assert_eq!(read_third.recollection.remember(turns, chains).len(), 1);
+    }
+
+    #[test]
+    fn a_failed_read_is_returned_as_is() {
+        let body = Bytes::from_static(br#"{"messages":[{"role":"user","content":"a"}]}"#);
+        let split = split_body(&body).unwrap();
+        let failed = MessageMemo::default().read(Api::OpenAi, &body, &split.messages, |index, _| {
+            Err::<Reading, _>(format!("messages[{index}]: refused"))
+        });
+        assert_eq!(failed.unwrap_err(), "messages[0]: refused");
+    }
+}
