@@ -91,49 +91,53 @@ impl MessageMemo {
         messages: &[&RawValue],
         mut read: impl FnMut(usize, &RawValue) -> Result<Reading, E>,
     ) -> Result<ReadMessages, E> {
-        let MessageMemo { api: memo_api, body: memo_body, messages: memo_messages, mut turns, chains } = self;
+        let MessageMemo { api: memo_api, body: memo_body, messages: mut remembered, mut turns, mut chains } =
+            self;
         let spans: Option<Vec<Range<usize>>> = messages.iter().map(|raw| span(body, raw)).collect();
         let mut reused = 0;
         let mut reused_turns = 0;
         if memo_api == Some(api)
             && let Some(spans) = &spans
         {
-            for (span, remembered) in spans.iter().zip(&memo_messages) {
-                if body.get(span.clone()) != memo_body.get(remembered.raw.clone()) {
+            for (span, earlier) in spans.iter().zip(&remembered) {
+                if body.get(span.clone()) != memo_body.get(earlier.raw.clone()) {
                     break;
                 }
                 reused += 1;
-                reused_turns += remembered.turns;
+                reused_turns += earlier.turns;
             }
         }
-        if turns.len() < reused_turns {
+        drop(memo_body);
+        if turns.len() < reused_turns || chains.len() < reused_turns {
             (reused, reused_turns) = (0, 0);
         }
+        // Everything is reused in place: the memo's vectors become the request's.
+        remembered.truncate(reused);
         turns.truncate(reused_turns);
-        let known_chains = chains.get(..reused_turns).map(<[ChainHash]>::to_vec).unwrap_or_default();
+        chains.truncate(reused_turns);
         let mut system: Vec<String> =
-            memo_messages[..reused].iter().filter_map(|remembered| remembered.system.clone()).collect();
-        let mut counts: Vec<(Option<String>, usize)> = memo_messages[..reused]
-            .iter()
-            .map(|remembered| (remembered.system.clone(), remembered.turns))
-            .collect();
+            remembered.iter().filter_map(|earlier| earlier.system.clone()).collect();
+        remembered.reserve(messages.len() - reused);
         for (index, raw) in messages.iter().enumerate().skip(reused) {
             let reading = read(index, raw)?;
-            counts.push((reading.system.clone(), reading.turns.len()));
+            remembered.push(Remembered {
+                raw: 0..0,
+                system: reading.system.clone(),
+                turns: reading.turns.len(),
+            });
             system.extend(reading.system);
             turns.extend(reading.turns);
         }
         let remembered = spans.map(|spans| {
-            spans
-                .into_iter()
-                .zip(counts)
-                .map(|(raw, (system, turns))| Remembered { raw, system, turns })
-                .collect()
+            for (message, span) in remembered.iter_mut().zip(spans) {
+                message.raw = span;
+            }
+            remembered
         });
         Ok(ReadMessages {
             system,
             turns,
-            known_chains,
+            known_chains: chains,
             reused_messages: reused,
             recollection: Recollection { api: Some(api), body: body.clone(), messages: remembered },
         })

@@ -154,17 +154,17 @@ impl TransparentIndex {
     pub fn split(&self, turns: &[Turn], known: &[ChainHash]) -> (Vec<ChainHash>, usize) {
         let mut chains = Vec::with_capacity(turns.len());
         let mut previous = [0u8; 32];
-        let mut first_new = 0;
         for (index, turn) in turns.iter().enumerate() {
             previous = match known.get(index) {
                 Some(value) => *value,
                 None => chain(&previous, turn),
             };
-            if self.known.contains_key(&previous) {
-                first_new = index + 1;
-            }
             chains.push(previous);
         }
+        // The last known turn, looked for from the end: a resent history is known up to its
+        // newest turns, so this is a lookup or two rather than one per turn.
+        let first_new =
+            chains.iter().rposition(|value| self.known.contains_key(value)).map_or(0, |index| index + 1);
         (chains, first_new)
     }
 

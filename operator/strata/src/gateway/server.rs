@@ -144,7 +144,9 @@ async fn read_body(
         drain(stream).await;
         return Err(GatewayError::PayloadTooLarge { limit });
     }
-    let mut bytes = bytes::BytesMut::new();
+    // Sized once from the declared length: growing by doubling copied a 1.4 MB body about twice
+    // more, each time into freshly faulted pages.
+    let mut bytes = bytes::BytesMut::with_capacity(declared.unwrap_or(0).min(limit));
     while let Some(chunk) = stream.next().await {
         let chunk =
             chunk.map_err(|error| GatewayError::BadRequest(format!("reading the request body: {error}")))?;
