@@ -265,6 +265,51 @@ mod tests {
         assert_eq!(read_third.recollection.remember(turns, chains).len(), 1);
     }
 
+    /// A body of `{"role","content"}` messages, each written compactly or with spaces.
+    fn body_of(messages: &[(u8, String, bool)]) -> String {
+        let roles = ["system", "user", "assistant"];
+        let written: Vec<String> = messages
+            .iter()
+            .map(|(role, text, spaced)| {
+                let (role, text) = (roles[usize::from(*role % 3)], serde_json::to_string(text).unwrap());
+                if *spaced {
+                    format!(r#"{{ "role": "{role}", "content": {text} }}"#)
+                } else {
+                    format!(r#"{{"role":"{role}","content":{text}}}"#)
+                }
+            })
+            .collect();
+        format!(r#"{{"messages":[{}]}}"#, written.join(","))
+    }
+
+    proptest::proptest! {
+        /// Whatever the client changes between two requests (messages edited, dropped, added, or
+        /// written with other bytes), reading with the memo gives the turns, system texts and chain
+        /// values a fresh read gives.
+        #[test]
+        fn reading_with_the_memo_equals_reading_afresh(
+            first in proptest::collection::vec((0u8..3, "[a-c]{0,3}", proptest::bool::ANY), 0..8),
+            second in proptest::collection::vec((0u8..3, "[a-c]{0,3}", proptest::bool::ANY), 0..8),
+            shared in 0usize..8,
+        ) {
+            // The second request starts with some of the first's messages, as a resent history does.
+            let mut next: Vec<_> = first.iter().take(shared).cloned().collect();
+            next.extend(second);
+            let read_first = read(MessageMemo::default(), &body_of(&first), &mut 0);
+            let chains = chains_of(&read_first.turns);
+            let memo = read_first.recollection.remember(read_first.turns, chains);
+
+            let with_memo = read(memo, &body_of(&next), &mut 0);
+            let fresh = read(MessageMemo::default(), &body_of(&next), &mut 0);
+            proptest::prop_assert_eq!(&with_memo.turns, &fresh.turns);
+            proptest::prop_assert_eq!(&with_memo.system, &fresh.system);
+            let all_chains = chains_of(&fresh.turns);
+            proptest::prop_assert_eq!(&all_chains[..with_memo.known_chains.len()], &with_memo.known_chains[..]);
+            let index = crate::session::transparent::TransparentIndex::in_memory();
+            proptest::prop_assert_eq!(index.split(&with_memo.turns, &with_memo.known_chains).0, all_chains);
+        }
+    }
+
     #[test]
     fn a_failed_read_is_returned_as_is() {
         let body = Bytes::from_static(br#"{"messages":[{"role":"user","content":"a"}]}"#);
