@@ -144,18 +144,13 @@ pub fn parse_request(body: &Bytes, memo: MessageMemo) -> Result<ParsedRequest, G
         api: Api::Anthropic,
         stream,
         system_text,
-        turns: read.turns,
+        turns: Vec::new(),
         tools,
         params: fields,
         wants_usage: false,
-        known_chains: read.known_chains,
+        known_chains: Vec::new(),
     };
-    Ok(ParsedRequest {
-        request,
-        recollection: read.recollection,
-        messages: messages.len(),
-        reused_messages: read.reused_messages,
-    })
+    Ok(ParsedRequest::with_messages(request, read, messages.len()))
 }
 
 /// Usage from an Anthropic `usage` object (prompt tokens include cache reads and writes).

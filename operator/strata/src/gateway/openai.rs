@@ -53,22 +53,18 @@ pub fn parse_request(body: &Bytes, memo: MessageMemo) -> Result<ParsedRequest, G
     for field in CONSUMED_FIELDS {
         fields.remove(field);
     }
+    let system_text = read.system.join("\n\n");
     let request = ChatRequest {
         api: Api::OpenAi,
         stream,
-        system_text: read.system.join("\n\n"),
-        turns: read.turns,
+        system_text,
+        turns: Vec::new(),
         tools,
         params: fields,
         wants_usage,
-        known_chains: read.known_chains,
+        known_chains: Vec::new(),
     };
-    Ok(ParsedRequest {
-        request,
-        recollection: read.recollection,
-        messages: messages.len(),
-        reused_messages: read.reused_messages,
-    })
+    Ok(ParsedRequest::with_messages(request, read, messages.len()))
 }
 
 /// One message of a request as a JSON value (its bytes were already checked to be JSON).

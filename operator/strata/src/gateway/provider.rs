@@ -5,7 +5,7 @@
 use bytes::Bytes;
 use serde_json::{Map, Value, json};
 use strata_api::agent::Provider;
-use strata_core::session::message_memo::{MessageMemo, Recollection};
+use strata_core::session::message_memo::{MessageMemo, ReadMessages, Recollection};
 use strata_core::session::{Api, AssistantOutput, ChatRequest, Usage};
 
 use super::errors::GatewayError;
@@ -26,6 +26,16 @@ pub struct ParsedRequest {
     pub messages: usize,
     /// Of those, the ones taken from the memo rather than parsed.
     pub reused_messages: usize,
+}
+
+impl ParsedRequest {
+    /// `request` with the turns and known chain values of `read`, the reading of its body's
+    /// `messages` (`messages` of them).
+    pub fn with_messages(mut request: ChatRequest, read: ReadMessages, messages: usize) -> Self {
+        request.turns = read.turns;
+        request.known_chains = read.known_chains;
+        Self { request, recollection: read.recollection, messages, reused_messages: read.reused_messages }
+    }
 }
 
 /// One provider API as the gateway speaks it, to clients and to the upstream.
