@@ -105,7 +105,9 @@ fn script_replies(fake: &FakeUpstream) {
     ]);
 }
 
-async fn check_gateway(gateway: &Harness, fake: &FakeUpstream, api: Api) {
+/// `reused` is how many messages the SDK's later calls resent byte for byte, which the gateway
+/// takes from its memo instead of parsing them again.
+async fn check_gateway(gateway: &Harness, fake: &FakeUpstream, api: Api, reused: u64) {
     let seen = fake.seen();
     assert_eq!(seen.len(), 3, "one upstream call per SDK call");
     for (index, request) in seen.iter().enumerate() {
@@ -120,6 +122,10 @@ async fn check_gateway(gateway: &Harness, fake: &FakeUpstream, api: Api) {
     assert!(
         metrics.contains("strata_gateway_volatile_system_requests_total{kind=\"current date\"} 3"),
         "{metrics}"
+    );
+    assert!(
+        metrics.contains(&format!("strata_gateway_transparent_messages_total{{read=\"reused\"}} {reused}")),
+        "the SDK resends its history byte for byte: {metrics}"
     );
     let roles: Vec<String> =
         gateway.entries().await.iter().map(|e| e["role"].as_str().unwrap().to_owned()).collect();
@@ -143,7 +149,7 @@ async fn the_official_openai_sdk_works_through_the_gateway() {
     assert_eq!(answers["streamed"], "Two files: a.txt and b.txt.");
     assert!(answers["usage"].as_u64().unwrap() > 0, "{answers}");
     assert_eq!(answers["third"], "You are welcome.");
-    check_gateway(&gateway, &fake, Api::OpenAi).await;
+    check_gateway(&gateway, &fake, Api::OpenAi, 2 + 4).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -159,5 +165,5 @@ async fn the_official_anthropic_sdk_works_through_the_gateway() {
     assert_eq!(answers["streamed"], "Two files: a.txt and b.txt.");
     assert!(answers["usage"].as_u64().unwrap() > 0, "{answers}");
     assert_eq!(answers["third"], "You are welcome.");
-    check_gateway(&gateway, &fake, Api::Anthropic).await;
+    check_gateway(&gateway, &fake, Api::Anthropic, 1 + 3).await;
 }
