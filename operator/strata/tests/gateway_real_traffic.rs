@@ -28,6 +28,9 @@ struct Driven {
     compactions: u64,
     rewinds: u64,
     peak_tokens: u64,
+    /// Messages taken from the gateway's memo of the previous request, and how many a client that
+    /// resends its history byte for byte lets it take.
+    reused: (u64, u64),
 }
 
 fn counter(metrics: &str, name: &str) -> u64 {
@@ -46,7 +49,11 @@ async fn drive(fake: &FakeUpstream, transcript: &Transcript, window: u32) -> Dri
     .await;
     let wires: Vec<Value> = transcript.messages.iter().map(|m| m.wire.clone()).collect();
     let mut driven = Driven::default();
+    let mut previous_end = None;
     for (call, &(end, _)) in transcript.calls.iter().enumerate() {
+        // Both requests are prefixes of one message list, serialised the same way.
+        driven.reused.1 += previous_end.map_or(0, |previous: usize| previous.min(end) as u64);
+        previous_end = Some(end);
         fake.unscript();
         fake.script([reply_of(&wires[end])]);
         let seen_before = fake.seen().len();
@@ -74,6 +81,7 @@ async fn drive(fake: &FakeUpstream, transcript: &Transcript, window: u32) -> Dri
     let metrics = gateway.metrics().await;
     driven.compactions = counter(&metrics, "strata_gateway_compactions_total");
     driven.rewinds = counter(&metrics, "strata_gateway_transparent_rewinds_total");
+    driven.reused.0 = counter(&metrics, "strata_gateway_transparent_messages_total{read=\"reused\"}");
     gateway.gateway.shutdown().await;
     driven
 }
@@ -83,14 +91,14 @@ async fn drive_all(paths: Vec<PathBuf>, window: u32) {
     let mut problems = Vec::new();
     let mut total_calls = 0;
     eprintln!(
-        "window {window}: session | calls | failed | invalid | over window | compactions | rewinds | peak tokens"
+        "window {window}: session | calls | failed | invalid | over window | compactions | rewinds | peak tokens | messages reused"
     );
     for path in &paths {
         let transcript = load(path);
         let driven = drive(&fake, &transcript, window).await;
         total_calls += driven.calls;
         eprintln!(
-            "window {window}: {} | {} | {} | {} | {} | {} | {} | {}",
+            "window {window}: {} | {} | {} | {} | {} | {} | {} | {} | {} of {}",
             transcript.name,
             driven.calls,
             driven.failed.len(),
@@ -98,8 +106,16 @@ async fn drive_all(paths: Vec<PathBuf>, window: u32) {
             driven.over_window.len(),
             driven.compactions,
             driven.rewinds,
-            driven.peak_tokens
+            driven.peak_tokens,
+            driven.reused.0,
+            driven.reused.1
         );
+        if driven.reused.0 != driven.reused.1 {
+            problems.push(format!(
+                "{}: {} resent messages were taken from the memo, {} expected",
+                transcript.name, driven.reused.0, driven.reused.1
+            ));
+        }
         for (kind, list) in [
             ("failed", &driven.failed),
             ("protocol-invalid", &driven.invalid),
