@@ -1,6 +1,6 @@
 //! What the last transparent request's messages were read as, by their exact bytes: a client
 //! resends its whole history on every call, so the messages it resends unchanged are neither parsed
-//! nor chain-hashed again.
+//! nor chain-hashed again, and the body's opening it resends unchanged is not even split again.
 //!
 //! A message is reused only when its bytes equal, byte for byte, those of the message at the same
 //! position in the last request, and so do the bytes of every message before it. Its reading (the
@@ -11,8 +11,9 @@
 use std::ops::Range;
 
 use bytes::Bytes;
-use serde_json::value::RawValue;
+use serde_json::{Map, Value};
 
+use super::request_body::{BodyError, KnownOpening, SplitBody, split_body, split_body_after};
 use super::transparent::ChainHash;
 use super::turn::{Api, Turn};
 
@@ -40,6 +41,8 @@ struct Remembered {
 pub struct MessageMemo {
     api: Option<Api>,
     body: Bytes,
+    /// The body's fields before `messages` ([`SplitBody::opening`]).
+    opening: Option<Map<String, Value>>,
     messages: Vec<Remembered>,
     turns: Vec<Turn>,
     /// The chain value after each of `turns`.
@@ -68,38 +71,64 @@ pub struct ReadMessages {
 pub struct Recollection {
     api: Option<Api>,
     body: Bytes,
-    /// `None` when a message's bytes could not be located in the body (never for a body split by
-    /// [`super::request_body::split_body`]): nothing is remembered then.
-    messages: Option<Vec<Remembered>>,
+    opening: Option<Map<String, Value>>,
+    messages: Vec<Remembered>,
 }
 
-/// Where `raw` lies in `body`, when it was read from it.
-fn span(body: &[u8], raw: &RawValue) -> Option<Range<usize>> {
-    let text = raw.get().as_bytes();
-    let start = (text.as_ptr() as usize).checked_sub(body.as_ptr() as usize)?;
-    let end = start.checked_add(text.len())?;
-    (end <= body.len()).then_some(start..end)
+/// Bytes compared at a time when looking for where two bodies first differ.
+const COMPARED_AT_ONCE: usize = 4096;
+
+/// How many leading bytes `a` and `b` share.
+fn common_prefix(a: &[u8], b: &[u8]) -> usize {
+    let len = a.len().min(b.len());
+    let mut at = 0;
+    while at + COMPARED_AT_ONCE <= len && a[at..at + COMPARED_AT_ONCE] == b[at..at + COMPARED_AT_ONCE] {
+        at += COMPARED_AT_ONCE;
+    }
+    at + a[at..len].iter().zip(&b[at..len]).take_while(|(x, y)| x == y).count()
 }
 
 impl MessageMemo {
-    /// Reads `messages` (raw elements of `body`'s `messages`, on `api`): the leading ones equal to
-    /// the remembered request's are taken from the memo, the rest read by `read`.
+    /// Splits `body` (on `api`) at its top level; when it opens with the same bytes as the
+    /// remembered body, only what follows the shared messages is read.
+    pub fn split(&self, api: Api, body: &[u8]) -> Result<SplitBody, BodyError> {
+        if self.api == Some(api)
+            && let Some(fields) = &self.opening
+        {
+            let common = common_prefix(&self.body, body);
+            let known = self.messages.partition_point(|message| message.raw.end <= common);
+            if known > 0 {
+                let spans: Vec<Range<usize>> =
+                    self.messages[..known].iter().map(|message| message.raw.clone()).collect();
+                let end = spans[known - 1].end;
+                return split_body_after(body, &KnownOpening { end, spans: &spans, fields });
+            }
+        }
+        split_body(body)
+    }
+
+    /// Reads the `messages` of `body` (on `api`, as [`Self::split`] found them, with the body's
+    /// `opening`): the leading ones equal to the remembered request's are taken from the memo, the
+    /// rest read by `read` from their bytes.
     pub fn read<E>(
         self,
         api: Api,
         body: &Bytes,
-        messages: &[&RawValue],
-        mut read: impl FnMut(usize, &RawValue) -> Result<Reading, E>,
+        (messages, opening): (Vec<Range<usize>>, Option<Map<String, Value>>),
+        mut read: impl FnMut(usize, &[u8]) -> Result<Reading, E>,
     ) -> Result<ReadMessages, E> {
-        let MessageMemo { api: memo_api, body: memo_body, messages: mut remembered, mut turns, mut chains } =
-            self;
-        let spans: Option<Vec<Range<usize>>> = messages.iter().map(|raw| span(body, raw)).collect();
+        let MessageMemo {
+            api: memo_api,
+            body: memo_body,
+            messages: mut remembered,
+            mut turns,
+            mut chains,
+            ..
+        } = self;
         let mut reused = 0;
         let mut reused_turns = 0;
-        if memo_api == Some(api)
-            && let Some(spans) = &spans
-        {
-            for (span, earlier) in spans.iter().zip(&remembered) {
+        if memo_api == Some(api) {
+            for (span, earlier) in messages.iter().zip(&remembered) {
                 if body.get(span.clone()) != memo_body.get(earlier.raw.clone()) {
                     break;
                 }
@@ -118,8 +147,8 @@ impl MessageMemo {
         let mut system: Vec<String> =
             remembered.iter().filter_map(|earlier| earlier.system.clone()).collect();
         remembered.reserve(messages.len() - reused);
-        for (index, raw) in messages.iter().enumerate().skip(reused) {
-            let reading = read(index, raw)?;
+        for (index, span) in messages.iter().enumerate().skip(reused) {
+            let reading = read(index, body.get(span.clone()).unwrap_or_default())?;
             remembered.push(Remembered {
                 raw: 0..0,
                 system: reading.system.clone(),
@@ -128,18 +157,15 @@ impl MessageMemo {
             system.extend(reading.system);
             turns.extend(reading.turns);
         }
-        let remembered = spans.map(|spans| {
-            for (message, span) in remembered.iter_mut().zip(spans) {
-                message.raw = span;
-            }
-            remembered
-        });
+        for (message, span) in remembered.iter_mut().zip(messages) {
+            message.raw = span;
+        }
         Ok(ReadMessages {
             system,
             turns,
             known_chains: chains,
             reused_messages: reused,
-            recollection: Recollection { api: Some(api), body: body.clone(), messages: remembered },
+            recollection: Recollection { api: Some(api), body: body.clone(), opening, messages: remembered },
         })
     }
 
@@ -158,12 +184,18 @@ impl Recollection {
     /// The memo of this request, given its turns and the chain value after each. An empty memo
     /// when they do not match the messages read (nothing is reused then).
     pub fn remember(self, turns: Vec<Turn>, chains: Vec<ChainHash>) -> MessageMemo {
-        let Some(messages) = self.messages else { return MessageMemo::default() };
-        let expected: usize = messages.iter().map(|remembered| remembered.turns).sum();
+        let expected: usize = self.messages.iter().map(|remembered| remembered.turns).sum();
         if turns.len() != expected || chains.len() != expected {
             return MessageMemo::default();
         }
-        MessageMemo { api: self.api, body: self.body, messages, turns, chains }
+        MessageMemo {
+            api: self.api,
+            body: self.body,
+            opening: self.opening,
+            messages: self.messages,
+            turns,
+            chains,
+        }
     }
 }
 
@@ -172,15 +204,14 @@ mod tests {
     #![allow(clippy::unwrap_used)]
     use super::*;
     use crate::entry::{Content, Role};
-    use crate::session::request_body::split_body;
 
     /// Reads OpenAI-like messages of `{"role", "content"}`, counting the messages parsed.
     fn read(memo: MessageMemo, body: &str, parsed: &mut usize) -> ReadMessages {
         let body = Bytes::from(body.to_owned());
-        let split = split_body(&body).unwrap();
-        memo.read(Api::OpenAi, &body, &split.messages, |_, raw| {
+        let split = memo.split(Api::OpenAi, &body).unwrap();
+        memo.read(Api::OpenAi, &body, (split.messages, split.opening), |_, raw| {
             *parsed += 1;
-            let value: serde_json::Value = serde_json::from_str(raw.get()).unwrap();
+            let value: serde_json::Value = serde_json::from_slice(raw).unwrap();
             let text = value["content"].as_str().unwrap().to_owned();
             Ok::<_, String>(match value["role"].as_str().unwrap() {
                 "system" => Reading { system: Some(text), turns: vec![] },
@@ -245,9 +276,11 @@ mod tests {
         let chains = chains_of(&read_edited.turns);
         let memo = read_edited.recollection.remember(read_edited.turns, chains);
         let body = Bytes::from(edited.to_owned());
-        let split = split_body(&body).unwrap();
+        let split = memo.split(Api::Anthropic, &body).unwrap();
         let other_api = memo
-            .read(Api::Anthropic, &body, &split.messages, |_, _| Ok::<_, String>(Reading::default()))
+            .read(Api::Anthropic, &body, (split.messages, split.opening), |_, _| {
+                Ok::<_, String>(Reading::default())
+            })
             .unwrap();
         assert_eq!(other_api.reused_messages, 0, "a memo of the OpenAI API is not used for Anthropic");
     }
@@ -313,10 +346,11 @@ mod tests {
     #[test]
     fn a_failed_read_is_returned_as_is() {
         let body = Bytes::from_static(br#"{"messages":[{"role":"user","content":"a"}]}"#);
-        let split = split_body(&body).unwrap();
-        let failed = MessageMemo::default().read(Api::OpenAi, &body, &split.messages, |index, _| {
-            Err::<Reading, _>(format!("messages[{index}]: refused"))
-        });
+        let split = MessageMemo::default().split(Api::OpenAi, &body).unwrap();
+        let failed =
+            MessageMemo::default().read(Api::OpenAi, &body, (split.messages, split.opening), |index, _| {
+                Err::<Reading, _>(format!("messages[{index}]: refused"))
+            });
         assert_eq!(failed.unwrap_err(), "messages[0]: refused");
     }
 }

@@ -2,6 +2,7 @@
 //! field parsed, so that messages a client resends unchanged need not be parsed again.
 
 use std::fmt;
+use std::ops::Range;
 
 use serde::de::{self, Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor};
 use serde_json::value::RawValue;
@@ -9,11 +10,14 @@ use serde_json::{Map, Value};
 
 /// A request body split at its top level.
 #[derive(Debug)]
-pub struct SplitBody<'a> {
-    /// Each element of `messages`, as the exact bytes the client sent.
-    pub messages: Vec<&'a RawValue>,
+pub struct SplitBody {
+    /// Where each element of `messages` lies in the body: the exact bytes the client sent.
+    pub messages: Vec<Range<usize>>,
     /// Every other top-level field.
     pub fields: Map<String, Value>,
+    /// The fields before `messages`, when `messages` appears once: what a later body that opens
+    /// with the same bytes is resumed with ([`split_body_after`]).
+    pub opening: Option<Map<String, Value>>,
 }
 
 /// Why a body could not be split.
@@ -30,8 +34,20 @@ pub enum BodyError {
     NoMessages,
 }
 
+/// What is known of a body's opening from an earlier body split before: its bytes equal the
+/// earlier body's up to `end`, the end of the earlier body's first messages, at `spans`.
+#[derive(Debug)]
+pub struct KnownOpening<'a> {
+    /// Where the known messages end.
+    pub end: usize,
+    /// The known messages, the last one ending at `end`.
+    pub spans: &'a [Range<usize>],
+    /// The earlier body's fields before `messages` ([`SplitBody::opening`]).
+    pub fields: &'a Map<String, Value>,
+}
+
 /// Splits `body`: `messages` into its elements' raw bytes, the other fields parsed.
-pub fn split_body(body: &[u8]) -> Result<SplitBody<'_>, BodyError> {
+pub fn split_body(body: &[u8]) -> Result<SplitBody, BodyError> {
     let top: TopLevel<'_> = match serde_json::from_slice(body) {
         Ok(top) => top,
         // The only data error the reader raises is the body's own type; anything nested is read
@@ -39,16 +55,61 @@ pub fn split_body(body: &[u8]) -> Result<SplitBody<'_>, BodyError> {
         Err(error) if error.is_data() => return Err(BodyError::NotObject),
         Err(error) => return Err(BodyError::NotJson(error)),
     };
+    let opening = (top.messages_keys == 1).then_some(top.before_messages);
     match top.messages {
-        Some(Messages::Array(messages)) => Ok(SplitBody { messages, fields: top.fields }),
+        Some(Messages::Array(messages)) => Ok(SplitBody {
+            messages: messages.iter().map(|raw| span(body, raw, 0)).collect(),
+            fields: top.fields,
+            opening,
+        }),
         Some(Messages::Other) | None => Err(BodyError::NoMessages),
     }
+}
+
+/// What the split of a body resumed after its known opening starts with: the parser's state after
+/// an element of `messages` (the placeholder `0`), as it is after the last known message.
+const RESUMED_OPENING: &[u8] = b"{\"messages\":[0";
+
+/// [`split_body`] for a body whose opening is `known`: only the bytes after the known messages are
+/// read. A deterministic parser is in the same state after equal bytes, so what follows is read
+/// exactly as a split of the whole body would read it. Any other outcome (an error, `messages`
+/// again) is left to a split of the whole body, so errors name their place in the client's body.
+pub fn split_body_after(body: &[u8], known: &KnownOpening<'_>) -> Result<SplitBody, BodyError> {
+    let Some(rest) = body.get(known.end..).filter(|_| !known.spans.is_empty()) else {
+        return split_body(body);
+    };
+    let mut resumed = Vec::with_capacity(RESUMED_OPENING.len() + rest.len());
+    resumed.extend_from_slice(RESUMED_OPENING);
+    resumed.extend_from_slice(rest);
+    let top = match serde_json::from_slice::<TopLevel<'_>>(&resumed) {
+        Ok(top) if top.messages_keys == 1 && top.before_messages.is_empty() => top,
+        _ => return split_body(body),
+    };
+    let Some(Messages::Array(tail)) = top.messages else { return split_body(body) };
+    let mut messages = Vec::with_capacity(known.spans.len() + tail.len().saturating_sub(1));
+    messages.extend_from_slice(known.spans);
+    // The first element is the placeholder; the others lie in `rest`, which starts at `end`.
+    let shift = known.end.wrapping_sub(RESUMED_OPENING.len());
+    messages.extend(tail.iter().skip(1).map(|raw| span(&resumed, raw, shift)));
+    let mut fields = known.fields.clone();
+    fields.extend(top.fields);
+    Ok(SplitBody { messages, fields, opening: Some(known.fields.clone()) })
+}
+
+/// Where `raw`, read from `input`, lies, moved by `shift` (the offset of `input` in the body).
+fn span(input: &[u8], raw: &RawValue, shift: usize) -> Range<usize> {
+    let text = raw.get().as_bytes();
+    let start = (text.as_ptr() as usize).wrapping_sub(input.as_ptr() as usize).wrapping_add(shift);
+    start..start.wrapping_add(text.len())
 }
 
 /// The top-level object (`messages` apart).
 struct TopLevel<'a> {
     messages: Option<Messages<'a>>,
     fields: Map<String, Value>,
+    /// How many times `messages` appeared, and the fields before its first appearance.
+    messages_keys: usize,
+    before_messages: Map<String, Value>,
 }
 
 /// The value of `messages`.
@@ -74,9 +135,14 @@ impl<'de> Visitor<'de> for TopLevelVisitor {
     }
 
     fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
-        let mut top = TopLevel { messages: None, fields: Map::new() };
+        let mut top =
+            TopLevel { messages: None, fields: Map::new(), messages_keys: 0, before_messages: Map::new() };
         while let Some(key) = map.next_key::<String>()? {
             if key == "messages" {
+                if top.messages_keys == 0 {
+                    top.before_messages.clone_from(&top.fields);
+                }
+                top.messages_keys += 1;
                 top.messages = Some(map.next_value()?);
             } else {
                 let value = map.next_value::<Value>()?;
@@ -149,11 +215,96 @@ mod tests {
     fn messages_keep_their_exact_bytes_and_other_fields_are_parsed() {
         let body = br#"{"model":"m","messages":[{"role":"user","content":"a\u00e9"} , {"role":"assistant","content":"b"}],"stream":true}"#;
         let split = split_body(body).unwrap();
-        let raw: Vec<&str> = split.messages.iter().map(|message| message.get()).collect();
-        assert_eq!(raw, [r#"{"role":"user","content":"a\u00e9"}"#, r#"{"role":"assistant","content":"b"}"#]);
+        let raw: Vec<&[u8]> = split.messages.iter().map(|span| &body[span.clone()]).collect();
+        assert_eq!(
+            raw,
+            [&br#"{"role":"user","content":"a\u00e9"}"#[..], br#"{"role":"assistant","content":"b"}"#]
+        );
         assert_eq!(split.fields.get("model"), Some(&Value::from("m")));
         assert_eq!(split.fields.get("stream"), Some(&Value::from(true)));
         assert!(!split.fields.contains_key("messages"));
+        let opening = split.opening.unwrap();
+        assert_eq!(opening.keys().collect::<Vec<_>>(), ["model"], "the fields before `messages`");
+        let twice = split_body(br#"{"messages":[],"model":"m","messages":[1]}"#).unwrap();
+        assert!(twice.opening.is_none(), "a body with `messages` twice is never resumed");
+    }
+
+    /// Splits `later` after the messages it shares with `earlier`, as the memo does.
+    fn split_after(earlier: &[u8], later: &[u8]) -> Result<SplitBody, BodyError> {
+        let first = split_body(earlier).unwrap();
+        let common = earlier.iter().zip(later).take_while(|(a, b)| a == b).count();
+        let known = first.messages.partition_point(|span| span.end <= common);
+        if known == 0 {
+            return split_body(later);
+        }
+        let fields = first.opening.unwrap();
+        split_body_after(
+            later,
+            &KnownOpening {
+                end: first.messages[known - 1].end,
+                spans: &first.messages[..known],
+                fields: &fields,
+            },
+        )
+    }
+
+    #[test]
+    fn a_body_resumed_after_its_known_messages_splits_as_the_whole_body_does() {
+        let earlier = br#"{"model":"m","messages":[{"a":1}, {"b":2}],"stream":true}"#;
+        let cases: [&[u8]; 7] = [
+            br#"{"model":"m","messages":[{"a":1}, {"b":2}, {"c":3}],"stream":false,"n":1}"#,
+            br#"{"model":"m","messages":[{"a":1}, {"b":2}],"stream":true}"#,
+            br#"{"model":"m","messages":[{"a":1}, {"b":2}  ] , "extra" : [1,2] }  "#,
+            br#"{"model":"m","messages":[{"a":1}, {"b":2},{"c":3}],"model":"other"}"#,
+            br#"{"model":"m","messages":[{"a":1}],"stream":true}"#,
+            br#"{"model":"m","messages":[{"a":1}, {"b":2}],"messages":[{"z":0}]}"#,
+            br#"{"model":"m","messages":[{"a":1}, {"b":2}, {"c":}]}"#,
+        ];
+        for later in cases {
+            let whole = split_body(later);
+            let resumed = split_after(earlier, later);
+            match (whole, resumed) {
+                (Ok(whole), Ok(resumed)) => {
+                    let text = String::from_utf8_lossy(later);
+                    assert_eq!(whole.messages, resumed.messages, "{text}");
+                    assert_eq!(whole.fields, resumed.fields, "{text}");
+                }
+                (Err(whole), Err(resumed)) => assert_eq!(whole.to_string(), resumed.to_string()),
+                (whole, resumed) => panic!("{whole:?} against {resumed:?}"),
+            }
+        }
+    }
+
+    proptest::proptest! {
+        /// Resuming after the shared opening splits any later body as splitting it whole does.
+        #[test]
+        fn resuming_equals_splitting_whole(
+            messages in proptest::collection::vec("[a-c]{0,2}", 1..6),
+            edit in 0usize..80,
+            insert in proptest::sample::select(vec!["", " ", ",", "]", "}", "\"x\"", "{", "[1]", ",\"messages\":[]"]),
+            cut in 0usize..80,
+        ) {
+            let list: Vec<String> = messages.iter().map(|text| format!(r#"{{"c":"{text}"}}"#)).collect();
+            let earlier = format!(r#"{{"model":"m","messages":[{}],"stream":true}}"#, list.join(","));
+            // The later body: the earlier one with something inserted and a tail cut off and regrown.
+            let mut later = earlier.clone().into_bytes();
+            let at = edit.min(later.len());
+            later.splice(at..at, insert.bytes());
+            let keep = later.len().saturating_sub(cut % 8);
+            later.truncate(keep);
+            later.extend_from_slice(&earlier.as_bytes()[keep.min(earlier.len())..]);
+            let whole = split_body(&later);
+            let resumed = split_after(earlier.as_bytes(), &later);
+            match (whole, resumed) {
+                (Ok(whole), Ok(resumed)) => {
+                    proptest::prop_assert_eq!(whole.messages, resumed.messages);
+                    proptest::prop_assert_eq!(whole.fields, resumed.fields);
+                    proptest::prop_assert_eq!(whole.opening, resumed.opening);
+                }
+                (Err(whole), Err(resumed)) => proptest::prop_assert_eq!(whole.to_string(), resumed.to_string()),
+                (whole, resumed) => proptest::prop_assert!(false, "{:?} against {:?}", whole, resumed),
+            }
+        }
     }
 
     #[test]

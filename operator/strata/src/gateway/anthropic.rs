@@ -13,7 +13,7 @@ use super::provider::ParsedRequest;
 use super::schema_retry::SchemaRetryHold;
 use super::sse;
 use strata_core::session::message_memo::{MessageMemo, Reading};
-use strata_core::session::request_body::{SplitBody, split_body};
+use strata_core::session::request_body::SplitBody;
 use strata_core::session::tool_schema::is_memory_tool;
 use strata_core::session::turn::{Api, AssistantOutput, ChatRequest, Turn, Usage, text_of};
 
@@ -113,8 +113,10 @@ fn assistant_turn(index: usize, content: &Value) -> Result<Turn, GatewayError> {
 /// Parses a `POST /v1/messages` body; messages equal to the ones `memo` remembers are taken from
 /// it instead of being parsed again.
 pub fn parse_request(body: &Bytes, memo: MessageMemo) -> Result<ParsedRequest, GatewayError> {
-    let SplitBody { messages, mut fields } = split_body(body).map_err(|error| bad(error.to_string()))?;
-    let read = memo.read(Api::Anthropic, body, &messages, |index, raw| {
+    let SplitBody { messages, mut fields, opening } =
+        memo.split(Api::Anthropic, body).map_err(|error| bad(error.to_string()))?;
+    let count = messages.len();
+    let read = memo.read(Api::Anthropic, body, (messages, opening), |index, raw| {
         let message = message_value(index, raw)?;
         let content = message.get("content").unwrap_or(&Value::Null);
         let mut turns = Vec::with_capacity(1);
@@ -150,7 +152,7 @@ pub fn parse_request(body: &Bytes, memo: MessageMemo) -> Result<ParsedRequest, G
         wants_usage: false,
         known_chains: Vec::new(),
     };
-    Ok(ParsedRequest::with_messages(request, read, messages.len()))
+    Ok(ParsedRequest::with_messages(request, read, count))
 }
 
 /// Usage from an Anthropic `usage` object (prompt tokens include cache reads and writes).

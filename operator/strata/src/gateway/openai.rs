@@ -2,12 +2,11 @@
 //! streamed or not, with the gateway's memory tools hidden.
 
 use bytes::Bytes;
-use serde_json::value::RawValue;
 use serde_json::{Value, json};
 use strata_core::entry::ToolCall;
 use strata_core::session::message_memo::{MessageMemo, Reading};
 use strata_core::session::openai_messages::parse_message;
-use strata_core::session::request_body::{SplitBody, split_body};
+use strata_core::session::request_body::SplitBody;
 
 use super::errors::GatewayError;
 use super::provider::ParsedRequest;
@@ -26,14 +25,16 @@ fn bad(message: impl Into<String>) -> GatewayError {
 /// Parses a `POST /v1/chat/completions` body; messages equal to the ones `memo` remembers are
 /// taken from it instead of being parsed again.
 pub fn parse_request(body: &Bytes, memo: MessageMemo) -> Result<ParsedRequest, GatewayError> {
-    let SplitBody { messages, mut fields } = split_body(body).map_err(|error| bad(error.to_string()))?;
+    let SplitBody { messages, mut fields, opening } =
+        memo.split(Api::OpenAi, body).map_err(|error| bad(error.to_string()))?;
     if fields.contains_key("functions") || fields.contains_key("function_call") {
         return Err(bad("`functions`/`function_call` are not supported; use `tools`"));
     }
     if fields.get("n").and_then(Value::as_u64).is_some_and(|n| n > 1) {
         return Err(bad("`n` > 1 is not supported: the journal records one answer per turn"));
     }
-    let read = memo.read(Api::OpenAi, body, &messages, |index, raw| {
+    let count = messages.len();
+    let read = memo.read(Api::OpenAi, body, (messages, opening), |index, raw| {
         let message = message_value(index, raw)?;
         let mut system = Vec::new();
         let turn = parse_message(index, &message, &mut system).map_err(bad)?;
@@ -64,13 +65,12 @@ pub fn parse_request(body: &Bytes, memo: MessageMemo) -> Result<ParsedRequest, G
         wants_usage,
         known_chains: Vec::new(),
     };
-    Ok(ParsedRequest::with_messages(request, read, messages.len()))
+    Ok(ParsedRequest::with_messages(request, read, count))
 }
 
 /// One message of a request as a JSON value (its bytes were already checked to be JSON).
-pub fn message_value(index: usize, raw: &RawValue) -> Result<Value, GatewayError> {
-    serde_json::from_str(raw.get())
-        .map_err(|error| bad(format!("messages[{index}] is not valid JSON: {error}")))
+pub fn message_value(index: usize, raw: &[u8]) -> Result<Value, GatewayError> {
+    serde_json::from_slice(raw).map_err(|error| bad(format!("messages[{index}] is not valid JSON: {error}")))
 }
 
 /// Usage from an OpenAI `usage` object.
