@@ -17,9 +17,10 @@
 //! (`gateway_bench/pass_through.rs`) that sends the upstream the gateway's last body, staged before
 //! the turn, with the gateway's HTTP stack and none of its work.
 //!
-//! CI mode: `STRATA_BENCH_CI_MAX_RATIO=R` runs only the sequential phases (300 measured requests at
-//! each journal size) and exits non-zero when a request failed or the p99 ratio gateway / direct
-//! exceeds `R` at either size, so a large regression fails the run. The ratio is measured side by
+//! CI mode: `STRATA_BENCH_CI_MAX_RATIO=R` runs only the sequential phases, Stateful and
+//! Transparent (300 measured requests at each journal size), and exits non-zero when a request
+//! failed or the p99 ratio gateway / direct exceeds `R` (the Transparent phase at 1k is timed but not
+//! judged: its ratio on disk is fsync noise), so a large regression fails the run. The ratio is measured side by
 //! side in the same run, which keeps it meaningful on a shared, noisy machine.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -595,7 +596,12 @@ async fn bench() -> i32 {
                     micros(g99) / micros(p99)
                 );
             }
+            // The Transparent phase at 1k is timed, not judged: on disk its p99 is two fsyncs (the
+            // journal's log and the transparent index) against a direct path of about 70 µs, and
+            // it measured 7.6x and 14.8x in two CI-mode runs of the same code (BENCHMARKS.md).
+            let judged = !(name == TRANSPARENT && target < 10_000);
             if let Some(bound) = max_ratio
+                && judged
                 && ratio > bound
             {
                 regressions
