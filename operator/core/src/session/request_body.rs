@@ -66,16 +66,20 @@ pub fn split_body(body: &[u8]) -> Result<SplitBody, BodyError> {
     }
 }
 
-/// What the split of a body resumed after its known opening starts with: the parser's state after
-/// an element of `messages` (the placeholder `0`), as it is after the last known message.
-const RESUMED_OPENING: &[u8] = b"{\"messages\":[0";
+/// What the split of a body resumed after its known opening starts with: the parser's state just
+/// after an object in `messages` (the placeholder `{}`), as it is after the last known message. An
+/// object, not a number: after a number the parser would still take `.5` or `e5` as part of it.
+const RESUMED_OPENING: &[u8] = b"{\"messages\":[{}";
 
 /// [`split_body`] for a body whose opening is `known`: only the bytes after the known messages are
-/// read. A deterministic parser is in the same state after equal bytes, so what follows is read
-/// exactly as a split of the whole body would read it. Any other outcome (an error, `messages`
-/// again) is left to a split of the whole body, so errors name their place in the client's body.
+/// read. A deterministic parser is in the same state after equal bytes, and when the last known
+/// message is an object (it ends in `}`, checked here) that state is the placeholder's, so what
+/// follows is read exactly as a split of the whole body would read it. Any other outcome (an error,
+/// `messages` again) is left to a split of the whole body, so errors name their place in the
+/// client's body.
 pub fn split_body_after(body: &[u8], known: &KnownOpening<'_>) -> Result<SplitBody, BodyError> {
-    let Some(rest) = body.get(known.end..).filter(|_| !known.spans.is_empty()) else {
+    let ends_an_object = known.end.checked_sub(1).and_then(|last| body.get(last)) == Some(&b'}');
+    let Some(rest) = body.get(known.end..).filter(|_| !known.spans.is_empty() && ends_an_object) else {
         return split_body(body);
     };
     let mut resumed = Vec::with_capacity(RESUMED_OPENING.len() + rest.len());
@@ -251,7 +255,11 @@ mod tests {
     #[test]
     fn a_body_resumed_after_its_known_messages_splits_as_the_whole_body_does() {
         let earlier = br#"{"model":"m","messages":[{"a":1}, {"b":2}],"stream":true}"#;
-        let cases: [&[u8]; 7] = [
+        let cases: [&[u8]; 11] = [
+            br#"{"model":"m","messages":[{"a":1}, {"b":2}.5]}"#,
+            br#"{"model":"m","messages":[{"a":1}, {"b":2}e5]}"#,
+            br#"{"model":"m","messages":[{"a":1}, {"b":2}E+1,{"c":3}]}"#,
+            br#"{"model":"m","messages":[{"a":1}, {"b":2}.0e3]}"#,
             br#"{"model":"m","messages":[{"a":1}, {"b":2}, {"c":3}],"stream":false,"n":1}"#,
             br#"{"model":"m","messages":[{"a":1}, {"b":2}],"stream":true}"#,
             br#"{"model":"m","messages":[{"a":1}, {"b":2}  ] , "extra" : [1,2] }  "#,
@@ -281,7 +289,7 @@ mod tests {
         fn resuming_equals_splitting_whole(
             messages in proptest::collection::vec("[a-c]{0,2}", 1..6),
             edit in 0usize..80,
-            insert in proptest::sample::select(vec!["", " ", ",", "]", "}", "\"x\"", "{", "[1]", ",\"messages\":[]"]),
+            insert in proptest::sample::select(vec!["", " ", ",", "]", "}", "\"x\"", "{", "[1]", ",\"messages\":[]", ".5", "e5", "E+1", "0", "-"]),
             cut in 0usize..80,
         ) {
             let list: Vec<String> = messages.iter().map(|text| format!(r#"{{"c":"{text}"}}"#)).collect();
