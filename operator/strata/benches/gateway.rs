@@ -90,6 +90,12 @@ async fn upstream(State(fake): State<Arc<Fake>>, headers: HeaderMap, body: Bytes
     answer(stream)
 }
 
+/// The `index`th note of a history that grows to `target_tokens`.
+fn note(index: u64, target_tokens: u64) -> String {
+    let paragraph = "The deployment pipeline retries the flaky integration suite twice before paging. ";
+    format!("Note {index}: {}", paragraph.repeat(if target_tokens < 5_000 { 30 } else { 35 }))
+}
+
 fn seed(dir: &Path, target_tokens: u64) -> u64 {
     let counter = TokenCounter::new(TokenizerKind::O200kBase).unwrap();
     let options = JournalOptions {
@@ -97,11 +103,10 @@ fn seed(dir: &Path, target_tokens: u64) -> u64 {
         ..JournalOptions::new("bench seed", 1)
     };
     let (mut journal, _) = Journal::open(Arc::new(StdStorage), dir, options).unwrap();
-    let paragraph = "The deployment pipeline retries the flaky integration suite twice before paging. ";
     let mut index = 0u64;
     while journal.total_tokens() < target_tokens {
         let role = if index.is_multiple_of(2) { Role::User } else { Role::Assistant };
-        let text = format!("Note {index}: {}", paragraph.repeat(if target_tokens < 5_000 { 30 } else { 35 }));
+        let text = note(index, target_tokens);
         journal
             .append(EntryDraft {
                 kind: EntryKind::Message,
@@ -242,12 +247,11 @@ struct ChatBody<'a> {
 /// (the same notes the Stateful phases' journal is seeded with).
 fn transparent_history(target_tokens: u64) -> Vec<serde_json::Value> {
     let counter = TokenCounter::new(TokenizerKind::O200kBase).unwrap();
-    let paragraph = "The deployment pipeline retries the flaky integration suite twice before paging. ";
     let (mut messages, mut tokens) = (Vec::new(), 0u64);
     let mut index = 0u64;
     while tokens < target_tokens {
         let role = if index.is_multiple_of(2) { "user" } else { "assistant" };
-        let text = format!("Note {index}: {}", paragraph.repeat(if target_tokens < 5_000 { 30 } else { 35 }));
+        let text = note(index, target_tokens);
         tokens += u64::from(counter.count(&text));
         messages.push(json!({"role": role, "content": text}));
         index += 1;

@@ -107,16 +107,17 @@ impl MessageMemo {
         split_body(body)
     }
 
-    /// Reads the `messages` of `body` (on `api`, as [`Self::split`] found them, with the body's
-    /// `opening`): the leading ones equal to the remembered request's are taken from the memo, the
-    /// rest read by `read` from their bytes.
+    /// Reads the messages of `body` (on `api`, as this memo's [`Self::split`] found them): the
+    /// leading ones equal to the remembered request's are taken from the memo, the rest read by
+    /// `read` from their bytes.
     pub fn read<E>(
         self,
         api: Api,
         body: &Bytes,
-        (messages, opening): (Vec<Range<usize>>, Option<Map<String, Value>>),
+        split: SplitBody,
         mut read: impl FnMut(usize, &[u8]) -> Result<Reading, E>,
     ) -> Result<ReadMessages, E> {
+        let SplitBody { messages, opening, known, .. } = split;
         let MessageMemo {
             api: memo_api,
             body: memo_body,
@@ -128,8 +129,9 @@ impl MessageMemo {
         let mut reused = 0;
         let mut reused_turns = 0;
         if memo_api == Some(api) {
-            for (span, earlier) in messages.iter().zip(&remembered) {
-                if body.get(span.clone()) != memo_body.get(earlier.raw.clone()) {
+            for (index, (span, earlier)) in messages.iter().zip(&remembered).enumerate() {
+                // The split already found the first `known` at the same places in the same bytes.
+                if index >= known && body.get(span.clone()) != memo_body.get(earlier.raw.clone()) {
                     break;
                 }
                 reused += 1;
@@ -209,7 +211,7 @@ mod tests {
     fn read(memo: MessageMemo, body: &str, parsed: &mut usize) -> ReadMessages {
         let body = Bytes::from(body.to_owned());
         let split = memo.split(Api::OpenAi, &body).unwrap();
-        memo.read(Api::OpenAi, &body, (split.messages, split.opening), |_, raw| {
+        memo.read(Api::OpenAi, &body, split, |_, raw| {
             *parsed += 1;
             let value: serde_json::Value = serde_json::from_slice(raw).unwrap();
             let text = value["content"].as_str().unwrap().to_owned();
@@ -277,11 +279,8 @@ mod tests {
         let memo = read_edited.recollection.remember(read_edited.turns, chains);
         let body = Bytes::from(edited.to_owned());
         let split = memo.split(Api::Anthropic, &body).unwrap();
-        let other_api = memo
-            .read(Api::Anthropic, &body, (split.messages, split.opening), |_, _| {
-                Ok::<_, String>(Reading::default())
-            })
-            .unwrap();
+        let other_api =
+            memo.read(Api::Anthropic, &body, split, |_, _| Ok::<_, String>(Reading::default())).unwrap();
         assert_eq!(other_api.reused_messages, 0, "a memo of the OpenAI API is not used for Anthropic");
     }
 
@@ -347,10 +346,9 @@ mod tests {
     fn a_failed_read_is_returned_as_is() {
         let body = Bytes::from_static(br#"{"messages":[{"role":"user","content":"a"}]}"#);
         let split = MessageMemo::default().split(Api::OpenAi, &body).unwrap();
-        let failed =
-            MessageMemo::default().read(Api::OpenAi, &body, (split.messages, split.opening), |index, _| {
-                Err::<Reading, _>(format!("messages[{index}]: refused"))
-            });
+        let failed = MessageMemo::default().read(Api::OpenAi, &body, split, |index, _| {
+            Err::<Reading, _>(format!("messages[{index}]: refused"))
+        });
         assert_eq!(failed.unwrap_err(), "messages[0]: refused");
     }
 }

@@ -18,6 +18,9 @@ pub struct SplitBody {
     /// The fields before `messages`, when `messages` appears once: what a later body that opens
     /// with the same bytes is resumed with ([`split_body_after`]).
     pub opening: Option<Map<String, Value>>,
+    /// How many leading messages a resumed split ([`split_body_after`]) found at the same places
+    /// and with the same bytes as in the earlier body; 0 for a split of the whole body.
+    pub known: usize,
 }
 
 /// Why a body could not be split.
@@ -61,6 +64,7 @@ pub fn split_body(body: &[u8]) -> Result<SplitBody, BodyError> {
             messages: messages.iter().map(|raw| span(body, raw, 0)).collect(),
             fields: top.fields,
             opening,
+            known: 0,
         }),
         Some(Messages::Other) | None => Err(BodyError::NoMessages),
     }
@@ -97,7 +101,7 @@ pub fn split_body_after(body: &[u8], known: &KnownOpening<'_>) -> Result<SplitBo
     messages.extend(tail.iter().skip(1).map(|raw| span(&resumed, raw, shift)));
     let mut fields = known.fields.clone();
     fields.extend(top.fields);
-    Ok(SplitBody { messages, fields, opening: Some(known.fields.clone()) })
+    Ok(SplitBody { messages, fields, opening: Some(known.fields.clone()), known: known.spans.len() })
 }
 
 /// Where `raw`, read from `input`, lies, moved by `shift` (the offset of `input` in the body).

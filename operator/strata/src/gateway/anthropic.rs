@@ -13,7 +13,6 @@ use super::provider::ParsedRequest;
 use super::schema_retry::SchemaRetryHold;
 use super::sse;
 use strata_core::session::message_memo::{MessageMemo, Reading};
-use strata_core::session::request_body::SplitBody;
 use strata_core::session::tool_schema::is_memory_tool;
 use strata_core::session::turn::{Api, AssistantOutput, ChatRequest, Turn, Usage, text_of};
 
@@ -113,10 +112,10 @@ fn assistant_turn(index: usize, content: &Value) -> Result<Turn, GatewayError> {
 /// Parses a `POST /v1/messages` body; messages equal to the ones `memo` remembers are taken from
 /// it instead of being parsed again.
 pub fn parse_request(body: &Bytes, memo: MessageMemo) -> Result<ParsedRequest, GatewayError> {
-    let SplitBody { messages, mut fields, opening } =
-        memo.split(Api::Anthropic, body).map_err(|error| bad(error.to_string()))?;
-    let count = messages.len();
-    let read = memo.read(Api::Anthropic, body, (messages, opening), |index, raw| {
+    let mut split = memo.split(Api::Anthropic, body).map_err(|error| bad(error.to_string()))?;
+    let mut fields = std::mem::take(&mut split.fields);
+    let count = split.messages.len();
+    let read = memo.read(Api::Anthropic, body, split, |index, raw| {
         let message = message_value(index, raw)?;
         let content = message.get("content").unwrap_or(&Value::Null);
         let mut turns = Vec::with_capacity(1);

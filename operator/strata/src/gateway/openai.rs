@@ -6,7 +6,6 @@ use serde_json::{Value, json};
 use strata_core::entry::ToolCall;
 use strata_core::session::message_memo::{MessageMemo, Reading};
 use strata_core::session::openai_messages::parse_message;
-use strata_core::session::request_body::SplitBody;
 
 use super::errors::GatewayError;
 use super::provider::ParsedRequest;
@@ -25,16 +24,16 @@ fn bad(message: impl Into<String>) -> GatewayError {
 /// Parses a `POST /v1/chat/completions` body; messages equal to the ones `memo` remembers are
 /// taken from it instead of being parsed again.
 pub fn parse_request(body: &Bytes, memo: MessageMemo) -> Result<ParsedRequest, GatewayError> {
-    let SplitBody { messages, mut fields, opening } =
-        memo.split(Api::OpenAi, body).map_err(|error| bad(error.to_string()))?;
+    let mut split = memo.split(Api::OpenAi, body).map_err(|error| bad(error.to_string()))?;
+    let mut fields = std::mem::take(&mut split.fields);
     if fields.contains_key("functions") || fields.contains_key("function_call") {
         return Err(bad("`functions`/`function_call` are not supported; use `tools`"));
     }
     if fields.get("n").and_then(Value::as_u64).is_some_and(|n| n > 1) {
         return Err(bad("`n` > 1 is not supported: the journal records one answer per turn"));
     }
-    let count = messages.len();
-    let read = memo.read(Api::OpenAi, body, (messages, opening), |index, raw| {
+    let count = split.messages.len();
+    let read = memo.read(Api::OpenAi, body, split, |index, raw| {
         let message = message_value(index, raw)?;
         let mut system = Vec::new();
         let turn = parse_message(index, &message, &mut system).map_err(bad)?;
