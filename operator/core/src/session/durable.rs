@@ -4,6 +4,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use crate::journal::{Journal, SharedSync, Storage};
+use crate::session::line_file::LineFileSync;
 
 /// The files a group commit fsyncs, and the write count it covers.
 pub struct DurableTarget {
@@ -13,8 +14,8 @@ pub struct DurableTarget {
     /// (no open by path on every commit), else through [`Storage::sync_file`].
     pub log: PathBuf,
     log_sync: Option<Arc<dyn SharedSync>>,
-    /// Other files to fsync.
-    pub paths: Vec<PathBuf>,
+    /// The session's line files written since the last commit.
+    pub files: Vec<LineFileSync>,
 }
 
 impl std::fmt::Debug for DurableTarget {
@@ -23,15 +24,15 @@ impl std::fmt::Debug for DurableTarget {
             .field("seq", &self.seq)
             .field("log", &self.log)
             .field("shared_log_handle", &self.log_sync.is_some())
-            .field("paths", &self.paths)
+            .field("files", &self.files.iter().map(|file| &file.path).collect::<Vec<_>>())
             .finish()
     }
 }
 
 impl DurableTarget {
-    /// Every write of `journal` up to `seq`, and `paths`.
-    pub(super) fn new(seq: u64, journal: &Journal, paths: Vec<PathBuf>) -> Self {
-        Self { seq, log: journal.log_path().to_owned(), log_sync: journal.log_sync(), paths }
+    /// Every write of `journal` up to `seq`, and of `files`.
+    pub(super) fn new(seq: u64, journal: &Journal, files: Vec<LineFileSync>) -> Self {
+        Self { seq, log: journal.log_path().to_owned(), log_sync: journal.log_sync(), files }
     }
 
     /// Fsyncs every file of the target on `storage`; the error names the file that failed.
@@ -41,8 +42,8 @@ impl DurableTarget {
             Some(handle) => handle.sync().map_err(|error| failed(&self.log, error))?,
             None => storage.sync_file(&self.log).map_err(|error| failed(&self.log, error))?,
         }
-        for path in &self.paths {
-            storage.sync_file(path).map_err(|error| failed(path, error))?;
+        for file in &self.files {
+            file.sync(storage).map_err(|error| failed(&file.path, error))?;
         }
         Ok(())
     }

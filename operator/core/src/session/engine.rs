@@ -1132,18 +1132,18 @@ impl SessionEngine {
 
     /// What a group commit must fsync to make every write up to now durable.
     pub fn durable_target(&mut self) -> DurableTarget {
-        let mut paths = Vec::new();
+        let mut files = Vec::new();
         if std::mem::take(&mut self.index_unsynced)
-            && let Some(path) = self.transparent.path()
+            && let Some(file) = self.transparent.sync_target()
         {
-            paths.push(path.to_owned());
+            files.push(file);
         }
         if std::mem::take(&mut self.keys_unsynced)
-            && let Some(path) = self.request_keys.path()
+            && let Some(file) = self.request_keys.sync_target()
         {
-            paths.push(path.to_owned());
+            files.push(file);
         }
-        DurableTarget::new(self.appended_seq, &self.journal, paths)
+        DurableTarget::new(self.appended_seq, &self.journal, files)
     }
 
     /// Journal draft of a client turn: redacted, tool outputs spilled, classified and counted.

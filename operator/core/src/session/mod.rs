@@ -12,6 +12,7 @@ mod compacting;
 mod durable;
 pub mod engine;
 pub mod inspect;
+mod line_file;
 pub mod memory_tools;
 pub mod message_memo;
 pub mod openai_messages;
@@ -34,6 +35,7 @@ pub use engine::{
     RewindCause, SectionSummary, SessionEngine, TurnOutcome, TurnRequest, UpstreamCall, now_ms,
 };
 pub use inspect::{ContextEvent, EntryDetail};
+pub use line_file::LineFileSync;
 pub use settings::SessionSettings;
 pub use state::{CorruptState, StateDir};
 pub use sweep::{

@@ -10,13 +10,13 @@
 //! refused.
 
 use std::collections::HashMap;
-use std::io::Write;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use sha2::{Digest, Sha256};
 
 use crate::entry::EntryId;
-use crate::session::transparent::{ChainHash, IndexError, chain, replace_file};
+use crate::session::line_file::{LineFile, LineFileSync};
+use crate::session::transparent::{ChainHash, IndexError, chain};
 use crate::session::turn::Turn;
 
 /// Keys remembered at most; past twice as many lines the file is rewritten with the newest.
@@ -74,7 +74,7 @@ pub enum KeyRefusal {
 pub struct RequestKeys {
     keys: HashMap<ChainHash, KeyedTurn>,
     lines: usize,
-    path: Option<PathBuf>,
+    file: Option<LineFile>,
 }
 
 /// The digest of a turn's messages.
@@ -101,7 +101,7 @@ pub fn validate_key(key: &str) -> Result<(), KeyRefusal> {
 impl RequestKeys {
     /// Keys kept in memory only (replay).
     pub fn in_memory() -> Self {
-        Self { keys: HashMap::new(), lines: 0, path: None }
+        Self { keys: HashMap::new(), lines: 0, file: None }
     }
 
     /// Loads the keys at `path` (absent means none). A line that does not parse is a torn final
@@ -132,7 +132,7 @@ impl RequestKeys {
             Err(cause) if cause.kind() == std::io::ErrorKind::NotFound => {}
             Err(cause) => return Err(IndexError::new(path, cause)),
         }
-        Ok(Self { keys, lines, path: Some(path.to_owned()) })
+        Ok(Self { keys, lines, file: Some(LineFile::new(path)) })
     }
 
     /// How a request with `key` and messages `turns` relates to the turns keyed before.
@@ -150,7 +150,7 @@ impl RequestKeys {
     }
 
     /// Remembers `key` for a turn whose first entry is (about to be) `first_entry`, appending a
-    /// line to the file (durable once the file is fsynced; see [`Self::path`]). Past twice
+    /// line to the file (durable once the file is fsynced; see [`Self::sync_target`]). Past twice
     /// [`KEPT_KEYS`] lines the file is rewritten with the newest keys only.
     pub fn remember(&mut self, key: &str, turns: &[Turn], first_entry: EntryId) -> Result<(), IndexError> {
         let hash = key_hash(key);
@@ -158,18 +158,17 @@ impl RequestKeys {
         if self.keys.insert(hash, turn) == Some(turn) {
             return Ok(());
         }
-        let Some(path) = &self.path else { return Ok(()) };
+        if self.file.is_none() {
+            return Ok(());
+        }
         if self.lines + 1 > 2 * KEPT_KEYS {
             self.keep_newest();
             return self.rewrite_file();
         }
         let line = format!("{} {} {}\n", hex::encode(hash), first_entry, hex::encode(turn.digest));
-        let mut file = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(path)
-            .map_err(|cause| IndexError::new(path, cause))?;
-        file.write_all(line.as_bytes()).map_err(|cause| IndexError::new(path, cause))?;
+        if let Some(file) = &mut self.file {
+            file.append(&line).map_err(|cause| IndexError::new(file.path(), cause))?;
+        }
         self.lines += 1;
         Ok(())
     }
@@ -199,8 +198,7 @@ impl RequestKeys {
 
     /// Rewrites the file with the keys known now: a temporary file, synced, renamed over it.
     fn rewrite_file(&mut self) -> Result<(), IndexError> {
-        let Some(path) = &self.path else { return Ok(()) };
-        let error = |cause| IndexError::new(path, cause);
+        let Some(file) = &mut self.file else { return Ok(()) };
         let mut text = String::new();
         for (hash, turn) in &self.keys {
             text.push_str(&format!(
@@ -210,14 +208,19 @@ impl RequestKeys {
                 hex::encode(turn.digest)
             ));
         }
-        replace_file(path, &text).map_err(error)?;
+        file.replace(&text).map_err(|cause| IndexError::new(file.path(), cause))?;
         self.lines = self.keys.len();
         Ok(())
     }
 
     /// The key file, when persisted.
     pub fn path(&self) -> Option<&Path> {
-        self.path.as_deref()
+        self.file.as_ref().map(LineFile::path)
+    }
+
+    /// What makes the file's appends so far durable, when persisted.
+    pub fn sync_target(&self) -> Option<LineFileSync> {
+        self.file.as_ref().map(LineFile::sync_target)
     }
 
     /// How many keys are remembered.

@@ -12,10 +12,10 @@
 //! still share before the client's newer turns are journaled.
 
 use std::collections::{HashMap, HashSet};
-use std::io::Write;
 use std::path::{Path, PathBuf};
 
 use crate::entry::{Entry, EntryId, EntryKind, Role, content_hash};
+use crate::session::line_file::{LineFile, LineFileSync};
 use crate::session::tool_schema::is_memory_tool;
 use sha2::{Digest, Sha256};
 
@@ -38,7 +38,7 @@ pub struct IndexError {
 pub struct TransparentIndex {
     known: HashMap<ChainHash, Option<EntryId>>,
     holders: HashSet<EntryId>,
-    path: Option<PathBuf>,
+    file: Option<LineFile>,
 }
 
 /// Whether `entry` is Strata's own rather than a client turn or an answer the client saw or
@@ -92,20 +92,6 @@ pub fn chain(previous: &ChainHash, turn: &Turn) -> ChainHash {
     hasher.finalize().into()
 }
 
-/// Replaces the file at `path` with `text` durably: a temporary file, synced, renamed over it, and
-/// the directory synced, so a crash leaves the old file or the whole new one.
-pub(crate) fn replace_file(path: &Path, text: &str) -> std::io::Result<()> {
-    let tmp = path.with_extension("tmp");
-    let mut file = std::fs::File::create(&tmp)?;
-    file.write_all(text.as_bytes())?;
-    file.sync_all()?;
-    std::fs::rename(&tmp, path)?;
-    match path.parent() {
-        Some(dir) if !dir.as_os_str().is_empty() => std::fs::File::open(dir)?.sync_all(),
-        _ => Ok(()),
-    }
-}
-
 impl IndexError {
     /// `cause` while reading or writing the file at `path`.
     pub fn new(path: &Path, cause: std::io::Error) -> Self {
@@ -116,7 +102,7 @@ impl IndexError {
 impl TransparentIndex {
     /// An index kept in memory only (replay).
     pub fn in_memory() -> Self {
-        Self { known: HashMap::new(), holders: HashSet::new(), path: None }
+        Self { known: HashMap::new(), holders: HashSet::new(), file: None }
     }
 
     /// Loads the index at `path` (absent means empty). Lines that are not 64 hex digits are a torn
@@ -145,7 +131,7 @@ impl TransparentIndex {
             Err(cause) if cause.kind() == std::io::ErrorKind::NotFound => {}
             Err(cause) => return Err(error(cause)),
         }
-        Ok(Self { known, holders, path: Some(path.to_owned()) })
+        Ok(Self { known, holders, file: Some(LineFile::new(path)) })
     }
 
     /// The chain values of `turns` and the index of the first turn that is not yet journaled.
@@ -209,8 +195,8 @@ impl TransparentIndex {
     }
 
     /// Remembers `values`, each with the journal entry holding its turn, and appends them to the
-    /// file (durable once the file is fsynced; see [`Self::path`]). Returns whether anything was
-    /// written.
+    /// file (durable once the file is fsynced; see [`Self::sync_target`]). Returns whether anything
+    /// was written.
     pub fn remember(&mut self, values: &[(ChainHash, EntryId)]) -> Result<bool, IndexError> {
         let mut text = String::new();
         for (value, entry) in values {
@@ -222,13 +208,11 @@ impl TransparentIndex {
                 text.push('\n');
             }
         }
-        let Some(path) = &self.path else { return Ok(false) };
+        let Some(file) = &mut self.file else { return Ok(false) };
         if text.is_empty() {
             return Ok(false);
         }
-        let error = |cause| IndexError::new(path, cause);
-        let mut file = std::fs::OpenOptions::new().create(true).append(true).open(path).map_err(error)?;
-        file.write_all(text.as_bytes()).map_err(error)?;
+        file.append(&text).map_err(|cause| IndexError::new(file.path(), cause))?;
         Ok(true)
     }
 
@@ -275,9 +259,8 @@ impl TransparentIndex {
 
     /// Rewrites the file with the values known now: a temporary file, synced, renamed over it, so a
     /// crash leaves the old file or the whole new one.
-    fn rewrite_file(&self) -> Result<(), IndexError> {
-        let Some(path) = &self.path else { return Ok(()) };
-        let error = |cause| IndexError::new(path, cause);
+    fn rewrite_file(&mut self) -> Result<(), IndexError> {
+        let Some(file) = &mut self.file else { return Ok(()) };
         let mut text = String::new();
         for (value, entry) in &self.known {
             text.push_str(&hex::encode(value));
@@ -287,7 +270,7 @@ impl TransparentIndex {
             }
             text.push('\n');
         }
-        replace_file(path, &text).map_err(error)
+        file.replace(&text).map_err(|cause| IndexError::new(file.path(), cause))
     }
 
     /// How many chain values are known.
@@ -302,6 +285,11 @@ impl TransparentIndex {
 
     /// The index file, when persisted.
     pub fn path(&self) -> Option<&Path> {
-        self.path.as_deref()
+        self.file.as_ref().map(LineFile::path)
+    }
+
+    /// What makes the file's appends so far durable, when persisted.
+    pub fn sync_target(&self) -> Option<LineFileSync> {
+        self.file.as_ref().map(LineFile::sync_target)
     }
 }
