@@ -1,17 +1,28 @@
-//! What the last transparent request's messages were read as, by their exact bytes: a client
-//! resends its whole history on every call, so the messages it resends unchanged are neither parsed
-//! nor chain-hashed again, and the body's opening it resends unchanged is not even split again.
+//! What the last transparent request's messages were read as, by digests of their exact bytes: a
+//! client resends its whole history on every call, so the messages it resends unchanged are neither
+//! parsed nor chain-hashed again, and the body's opening it resends unchanged is not even split
+//! again.
 //!
-//! A message is reused only when its bytes equal, byte for byte, those of the message at the same
-//! position in the last request, and so do the bytes of every message before it. Its reading (the
-//! system text or turns it gave) and the chain values of those turns are then the ones computed
-//! last time, since both depend on nothing but those bytes. The memo holds the last body (shared,
-//! not copied) and its turns, which the request takes over and hands back once the engine is done.
+//! A message is reused only when its bytes equal those of the message at the same position in the
+//! last request, and so do the bytes of every message before it. Its reading (the system text or
+//! turns it gave) and the chain values of those turns are then the ones computed last time, since
+//! both depend on nothing but those bytes.
+//!
+//! Bytes are compared by a 128-bit XXH3 digest with a seed drawn at start-up, not kept: the memo
+//! holds a few dozen bytes a message instead of the last body (1.4 MB at a 200k-token history),
+//! and hashing the new body once is quicker than comparing it with the old one. Two different
+//! messages are taken for equal only if their digests collide; by chance that is a 2^-128 event,
+//! and a client that could make it happen on purpose (without knowing the seed) would only
+//! mislead its own session, which its own messages can do anyway. The memo holds the last
+//! request's turns, which the request takes over and hands back once the engine is done.
 
+use std::hash::BuildHasher;
 use std::ops::Range;
+use std::sync::OnceLock;
 
 use bytes::Bytes;
 use serde_json::{Map, Value};
+use twox_hash::XxHash3_128;
 
 use super::request_body::{BodyError, KnownOpening, SplitBody, split_body, split_body_after};
 use super::transparent::ChainHash;
@@ -29,8 +40,13 @@ pub struct Reading {
 /// One message of a remembered request.
 #[derive(Debug, Clone)]
 struct Remembered {
-    /// Where its bytes are in the body.
+    /// Where its bytes were in the body.
     raw: Range<usize>,
+    /// The digest of the bytes between the previous message's end (or the body's start) and this
+    /// message's start: the body's opening, or a separator.
+    lead: u128,
+    /// The digest of its bytes.
+    bytes: u128,
     system: Option<String>,
     /// How many turns it gave.
     turns: usize,
@@ -40,7 +56,6 @@ struct Remembered {
 #[derive(Debug, Default)]
 pub struct MessageMemo {
     api: Option<Api>,
-    body: Bytes,
     /// The body's fields before `messages` ([`SplitBody::opening`]).
     opening: Option<Map<String, Value>>,
     messages: Vec<Remembered>,
@@ -70,22 +85,17 @@ pub struct ReadMessages {
 #[derive(Debug, Default)]
 pub struct Recollection {
     api: Option<Api>,
-    body: Bytes,
     opening: Option<Map<String, Value>>,
     messages: Vec<Remembered>,
 }
 
-/// Bytes compared at a time when looking for where two bodies first differ.
-const COMPARED_AT_ONCE: usize = 4096;
-
-/// How many leading bytes `a` and `b` share.
-fn common_prefix(a: &[u8], b: &[u8]) -> usize {
-    let len = a.len().min(b.len());
-    let mut at = 0;
-    while at + COMPARED_AT_ONCE <= len && a[at..at + COMPARED_AT_ONCE] == b[at..at + COMPARED_AT_ONCE] {
-        at += COMPARED_AT_ONCE;
-    }
-    at + a[at..len].iter().zip(&b[at..len]).take_while(|(x, y)| x == y).count()
+/// The digest of `bytes`, seeded once per process.
+fn digest(bytes: &[u8]) -> u128 {
+    static SEED: OnceLock<u64> = OnceLock::new();
+    // The standard library seeds its hash maps from the operating system's randomness.
+    let seed =
+        *SEED.get_or_init(|| std::collections::hash_map::RandomState::new().hash_one(0x5354_5241_5441_u64));
+    XxHash3_128::oneshot_with_seed(seed, bytes)
 }
 
 impl MessageMemo {
@@ -95,8 +105,19 @@ impl MessageMemo {
         if self.api == Some(api)
             && let Some(fields) = &self.opening
         {
-            let common = common_prefix(&self.body, body);
-            let known = self.messages.partition_point(|message| message.raw.end <= common);
+            let mut start = 0;
+            let known = self
+                .messages
+                .iter()
+                .take_while(|message| {
+                    let same = body
+                        .get(start..message.raw.start)
+                        .is_some_and(|lead| digest(lead) == message.lead)
+                        && body.get(message.raw.clone()).is_some_and(|bytes| digest(bytes) == message.bytes);
+                    start = message.raw.end;
+                    same
+                })
+                .count();
             if known > 0 {
                 let spans: Vec<Range<usize>> =
                     self.messages[..known].iter().map(|message| message.raw.clone()).collect();
@@ -118,27 +139,20 @@ impl MessageMemo {
         mut read: impl FnMut(usize, &[u8]) -> Result<Reading, E>,
     ) -> Result<ReadMessages, E> {
         let SplitBody { messages, opening, known, .. } = split;
-        let MessageMemo {
-            api: memo_api,
-            body: memo_body,
-            messages: mut remembered,
-            mut turns,
-            mut chains,
-            ..
-        } = self;
+        let MessageMemo { api: memo_api, messages: mut remembered, mut turns, mut chains, .. } = self;
+        let bytes_of = |span: &Range<usize>| body.get(span.clone()).unwrap_or_default();
         let mut reused = 0;
         let mut reused_turns = 0;
         if memo_api == Some(api) {
             for (index, (span, earlier)) in messages.iter().zip(&remembered).enumerate() {
-                // The split already found the first `known` at the same places in the same bytes.
-                if index >= known && body.get(span.clone()) != memo_body.get(earlier.raw.clone()) {
+                // The split already found the first `known` equal, at the same places.
+                if index >= known && digest(bytes_of(span)) != earlier.bytes {
                     break;
                 }
                 reused += 1;
                 reused_turns += earlier.turns;
             }
         }
-        drop(memo_body);
         if turns.len() < reused_turns || chains.len() < reused_turns {
             (reused, reused_turns) = (0, 0);
         }
@@ -150,24 +164,34 @@ impl MessageMemo {
             remembered.iter().filter_map(|earlier| earlier.system.clone()).collect();
         remembered.reserve(messages.len() - reused);
         for (index, span) in messages.iter().enumerate().skip(reused) {
-            let reading = read(index, body.get(span.clone()).unwrap_or_default())?;
+            let raw = bytes_of(span);
+            let reading = read(index, raw)?;
             remembered.push(Remembered {
-                raw: 0..0,
+                raw: span.clone(),
+                lead: 0,
+                bytes: digest(raw),
                 system: reading.system.clone(),
                 turns: reading.turns.len(),
             });
             system.extend(reading.system);
             turns.extend(reading.turns);
         }
-        for (message, span) in remembered.iter_mut().zip(messages) {
-            message.raw = span;
+        // Where each message is now, and what comes before it: the same as last time for the
+        // first `known`, whose bytes and places the split found equal.
+        let mut start = 0;
+        for (index, (message, span)) in remembered.iter_mut().zip(messages).enumerate() {
+            if index >= known {
+                message.lead = digest(body.get(start..span.start).unwrap_or_default());
+                message.raw = span;
+            }
+            start = message.raw.end;
         }
         Ok(ReadMessages {
             system,
             turns,
             known_chains: chains,
             reused_messages: reused,
-            recollection: Recollection { api: Some(api), body: body.clone(), opening, messages: remembered },
+            recollection: Recollection { api: Some(api), opening, messages: remembered },
         })
     }
 
@@ -190,14 +214,7 @@ impl Recollection {
         if turns.len() != expected || chains.len() != expected {
             return MessageMemo::default();
         }
-        MessageMemo {
-            api: self.api,
-            body: self.body,
-            opening: self.opening,
-            messages: self.messages,
-            turns,
-            chains,
-        }
+        MessageMemo { api: self.api, opening: self.opening, messages: self.messages, turns, chains }
     }
 }
 
