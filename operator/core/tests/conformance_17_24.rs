@@ -132,6 +132,7 @@ fn criterion_06_output_reserve_not_consumed() {
                 result_turn(&call_id, tool, output),
             ];
             match begin(&mut engine, &settings, turns, Some(64_000), step) {
+                TurnOutcome::NeedsWholeHistory => panic!("asked for whole turns, and every turn was whole"),
                 TurnOutcome::Blocked(notice) => {
                     assert_eq!(notice.required_action, RequiredAction::PurgeOrCompact);
                     assert!(!automatic || notice.current_context_tokens > 0);

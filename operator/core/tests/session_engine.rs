@@ -44,6 +44,7 @@ fn drive(settings: &SessionSettings, calls: usize) -> (usize, u64) {
         };
         match engine.begin_turn(settings, turn).unwrap() {
             TurnOutcome::Blocked(_) => blocked += 1,
+            TurnOutcome::NeedsWholeHistory => panic!("asked for whole turns, and every turn was whole"),
             TurnOutcome::Admitted(admitted) => {
                 compactions += admitted.compactions;
                 let body: serde_json::Value =
@@ -96,6 +97,7 @@ fn send(
     match engine.begin_turn(settings, turn).unwrap() {
         TurnOutcome::Admitted(admitted) => admitted.first_call,
         TurnOutcome::Blocked(notice) => panic!("blocked: {notice:?}"),
+        TurnOutcome::NeedsWholeHistory => panic!("asked for whole turns, and every turn was whole"),
     }
 }
 
@@ -397,6 +399,66 @@ fn a_new_conversation_prunes_the_old_ones_chain_values() {
     let texts: Vec<&str> =
         engine.journal().entries().iter().map(|entry| entry.content.text.as_str()).collect();
     assert_eq!(texts, ["Plan today's deploy", "Step one: freeze.", "And step two?", "Step two: deploy."]);
+}
+
+/// A request whose reused turns came hollow (a memo keeps only the roles and chain values of the
+/// answers it reuses): journaled as usual when only the turns after them are new; when the journal
+/// no longer holds them, the engine asks for the whole history and changes nothing, and the whole
+/// history is then journaled.
+#[test]
+fn hollow_turns_are_never_journaled_and_a_journal_without_them_asks_for_the_whole_history() {
+    let settings = SessionSettings::defaults(Api::OpenAi, 100_000);
+    let answer = |text: &str| Turn { role: Role::Assistant, content: Content::text(text.to_owned()) };
+    let history =
+        [user("List the files".into()), answer("a.txt"), user("Read a.txt".into()), answer("hello")];
+    let mut next = history.to_vec();
+    next.push(user("Thanks".into()));
+    let chains = transparent::TransparentIndex::in_memory().split(&next, &[]).0;
+    let hollow = |turns: &[Turn]| -> Vec<Turn> {
+        turns
+            .iter()
+            .map(|turn| match turn.role {
+                Role::User => turn.clone(),
+                role => Turn { role, content: Content::default() },
+            })
+            .collect()
+    };
+    let mut with_hollows = hollow(&history);
+    with_hollows.push(user("Thanks".into()));
+    let call = |engine: &mut SessionEngine, chat: &ChatRequest| {
+        let turn = TurnRequest {
+            request: chat,
+            transparent: true,
+            request_key: None,
+            operation_id: OperationId::from_request("test", b"hollow"),
+            head: Map::new(),
+            now_ms: 2_000,
+        };
+        engine.begin_turn(&settings, turn).unwrap()
+    };
+    let hollow_request =
+        ChatRequest { known_chains: chains[..4].to_vec(), hollow_turns: 4, ..request(with_hollows) };
+
+    let mut engine = SessionEngine::in_memory(&settings, 0).unwrap();
+    transparent_call(&mut engine, &settings, &history[..1], "a.txt").unwrap();
+    transparent_call(&mut engine, &settings, &history[..3], "hello").unwrap();
+    let TurnOutcome::Admitted(admitted) = call(&mut engine, &hollow_request) else { panic!("not admitted") };
+    assert_eq!(admitted.new_entries, 1, "only the turn after the hollow ones is new");
+    assert_eq!(journal_texts(&engine), ["List the files", "a.txt", "Read a.txt", "hello", "Thanks"]);
+
+    // Another engine, whose journal never saw those turns (as after a rollback).
+    let mut engine = SessionEngine::in_memory(&settings, 0).unwrap();
+    transparent_call(&mut engine, &settings, &history[..1], "a.txt").unwrap();
+    let (generation, entries) = (engine.journal().generation(), engine.journal().entries().len());
+    let outcome = call(&mut engine, &hollow_request);
+    assert!(matches!(outcome, TurnOutcome::NeedsWholeHistory), "{outcome:?}");
+    assert_eq!(
+        (engine.journal().generation(), engine.journal().entries().len()),
+        (generation, entries),
+        "nothing was journaled or rewound"
+    );
+    let TurnOutcome::Admitted(_) = call(&mut engine, &request(next)) else { panic!("not admitted") };
+    assert_eq!(journal_texts(&engine), ["List the files", "a.txt", "Read a.txt", "hello", "Thanks"]);
 }
 
 /// A tool-results stage ceiling is enforced: once the results in the window exceed it, the oldest

@@ -180,6 +180,7 @@ fn send(engine: &mut SessionEngine, settings: &SessionSettings, client: &mut Cli
     let admitted = match engine.begin_turn(settings, turn).unwrap() {
         TurnOutcome::Blocked(_) => return,
         TurnOutcome::Admitted(admitted) => admitted,
+        TurnOutcome::NeedsWholeHistory => panic!("asked for whole turns, and every turn was whole"),
     };
     check(engine, settings, client.api, &admitted.first_call.body.to_vec(), "first call");
     let mut call = admitted.first_call;

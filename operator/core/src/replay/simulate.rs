@@ -656,6 +656,13 @@ pub(crate) fn replay_strata_with(
                 after_call(&mut engine, now).map_err(|e| fail(call, e.to_string()))?;
                 continue;
             }
+            // Replay sends every turn whole (`hollow_turns` is 0).
+            TurnOutcome::NeedsWholeHistory => {
+                return Err(fail(
+                    call,
+                    "the engine asked for whole turns, and replay sent them whole".into(),
+                ));
+            }
         };
         track_offloaded(&mut tracker, &admitted.offloaded, call);
         report.compactions += admitted.compactions;

@@ -313,6 +313,10 @@ pub struct Rewind {
     pub generation: u64,
 }
 
+/// Where a request's turns go: the first new turn, the chain values of all of them, and the rewind
+/// that made room for them, if any.
+type Placed = (usize, Vec<ChainHash>, Option<Rewind>);
+
 /// What the engine decided about a request.
 #[derive(Debug)]
 pub enum TurnOutcome {
@@ -321,6 +325,10 @@ pub enum TurnOutcome {
     /// Blocked by the budget; nothing was journaled (a transparent session's journal may have
     /// been rewound to the client's history first).
     Blocked(Box<BudgetExceeded>),
+    /// The request's new turns begin among its hollow ones ([`ChatRequest::hollow_turns`]: the
+    /// journal no longer holds turns the client's memo took for journaled, after a rollback or a
+    /// crash that lost unsynced writes). Nothing was changed: send it again with every turn whole.
+    NeedsWholeHistory,
 }
 
 /// What recording one round's answer did.
@@ -1006,21 +1014,33 @@ impl SessionEngine {
     /// ones after the longest journaled prefix when the request extends the journal. When the
     /// client's history diverged from the journal, the journal is first rewound (a fork
     /// generation) to the last turn both share, so the new turns never splice onto another
-    /// history. Returns the first new turn, the chain values and the rewind, if any.
+    /// history. Returns the first new turn, the chain values and the rewind, if any; `None`, with
+    /// nothing changed, when the new turns would begin among the first `hollow` turns, which may
+    /// have come without their content (or when their chain values are not all given).
     fn place_turns(
         &mut self,
         turns: &[Turn],
         known_chains: &[ChainHash],
+        hollow: usize,
         now_ms: u64,
-    ) -> Result<(usize, Vec<ChainHash>, Option<Rewind>), EngineError> {
+    ) -> Result<Option<Placed>, EngineError> {
+        if hollow > known_chains.len() {
+            return Ok(None);
+        }
         let (chains, first_known) = self.transparent.split(turns, known_chains);
-        let (keep, first_new, dropped) =
-            match self.transparent.locate(&chains, first_known, self.journal.entries()) {
-                Placement::Extends { first_new } => return Ok((first_new, chains, None)),
-                // The journal ends at the last shared turn: nothing to drop, the request extends it.
-                Placement::Diverged { first_new, dropped: 0, .. } => return Ok((first_new, chains, None)),
-                Placement::Diverged { keep, first_new, dropped } => (keep, first_new, dropped),
-            };
+        let placement = self.transparent.locate(&chains, first_known, self.journal.entries());
+        let first_new = match placement {
+            Placement::Extends { first_new } | Placement::Diverged { first_new, .. } => first_new,
+        };
+        if first_new < hollow {
+            return Ok(None);
+        }
+        let (keep, first_new, dropped) = match placement {
+            Placement::Extends { first_new } => return Ok(Some((first_new, chains, None))),
+            // The journal ends at the last shared turn: nothing to drop, the request extends it.
+            Placement::Diverged { first_new, dropped: 0, .. } => return Ok(Some((first_new, chains, None))),
+            Placement::Diverged { keep, first_new, dropped } => (keep, first_new, dropped),
+        };
         let cause = if keep == 0 {
             RewindCause::NewConversation
         } else if first_new == turns.len() {
@@ -1047,7 +1067,7 @@ impl SessionEngine {
             self.index_unsynced = true;
             self.appended_seq += 1;
         }
-        Ok((
+        Ok(Some((
             first_new,
             chains,
             Some(Rewind {
@@ -1056,7 +1076,7 @@ impl SessionEngine {
                 dropped_entries: dropped as u64,
                 generation: switch.to_generation,
             }),
-        ))
+        )))
     }
 
     /// Where a stateful request's messages go: all of them are new, unless its idempotency key
@@ -1069,7 +1089,7 @@ impl SessionEngine {
         request_key: Option<&str>,
         turns: &[Turn],
         now_ms: u64,
-    ) -> Result<(usize, Vec<ChainHash>, Option<Rewind>), EngineError> {
+    ) -> Result<Placed, EngineError> {
         let Some(key) = request_key else { return Ok((0, Vec::new(), None)) };
         let KeyedPlacement::Retry(attempt) = self.request_keys.place(key, turns)? else {
             return Ok((0, Vec::new(), None));
@@ -1697,7 +1717,10 @@ impl SessionEngine {
         self.rank_tools(settings, latest_user_text(&request.turns))?;
         self.prepare_prefix(settings, &request.system_text, &request.tools)?;
         let (first_new, chains, rewind) = if transparent {
-            self.place_turns(&request.turns, &request.known_chains, now_ms)?
+            let placed =
+                self.place_turns(&request.turns, &request.known_chains, request.hollow_turns, now_ms)?;
+            let Some(placed) = placed else { return Ok(TurnOutcome::NeedsWholeHistory) };
+            placed
         } else {
             self.place_keyed(request_key, &request.turns, now_ms)?
         };

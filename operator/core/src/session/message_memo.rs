@@ -13,8 +13,15 @@
 //! and hashing the new body once is quicker than comparing it with the old one. Two different
 //! messages are taken for equal only if their digests collide; by chance that is a 2^-128 event,
 //! and a client that could make it happen on purpose (without knowing the seed) would only
-//! mislead its own session, which its own messages can do anyway. The memo holds the last
-//! request's turns, which the request takes over and hands back once the engine is done.
+//! mislead its own session, which its own messages can do anyway.
+//!
+//! The memo holds the last request's turns, which the request takes over and hands back once the
+//! engine is done. It keeps user turns whole and only the roles of the others (assistant answers
+//! and tool results, the bulk of a history): the engine journals only new turns, and needs the
+//! latest user text, so a reused turn's content is wanted only when the journal lost turns the
+//! client had sent before (a rollback, or a crash that lost unsynced writes). The engine then says
+//! so ([`ChatRequest::hollow_turns`](super::turn::ChatRequest::hollow_turns)) and the request is
+//! read again without the memo.
 
 use std::hash::BuildHasher;
 use std::ops::Range;
@@ -27,6 +34,7 @@ use twox_hash::XxHash3_128;
 use super::request_body::{BodyError, KnownOpening, SplitBody, split_body, split_body_after};
 use super::transparent::ChainHash;
 use super::turn::{Api, Turn};
+use crate::entry::{Content, Role};
 
 /// What one message was read as.
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
@@ -74,6 +82,9 @@ pub struct ReadMessages {
     /// The chain values of the leading turns that were reused (`known_chains[i]` is the value
     /// after `turns[i]`).
     pub known_chains: Vec<ChainHash>,
+    /// How many leading turns were reused: the assistant and tool turns among them come without
+    /// their content.
+    pub hollow_turns: usize,
     /// How many messages were reused rather than parsed.
     pub reused_messages: usize,
     /// What to remember of this request once its turns are chain-hashed.
@@ -190,6 +201,7 @@ impl MessageMemo {
             system,
             turns,
             known_chains: chains,
+            hollow_turns: reused_turns,
             reused_messages: reused,
             recollection: Recollection { api: Some(api), opening, messages: remembered },
         })
@@ -208,11 +220,15 @@ impl MessageMemo {
 
 impl Recollection {
     /// The memo of this request, given its turns and the chain value after each. An empty memo
-    /// when they do not match the messages read (nothing is reused then).
-    pub fn remember(self, turns: Vec<Turn>, chains: Vec<ChainHash>) -> MessageMemo {
+    /// when they do not match the messages read (nothing is reused then). Only the user turns are
+    /// kept whole; the others keep their role.
+    pub fn remember(self, mut turns: Vec<Turn>, chains: Vec<ChainHash>) -> MessageMemo {
         let expected: usize = self.messages.iter().map(|remembered| remembered.turns).sum();
         if turns.len() != expected || chains.len() != expected {
             return MessageMemo::default();
+        }
+        for turn in turns.iter_mut().filter(|turn| turn.role != Role::User) {
+            turn.content = Content::default();
         }
         MessageMemo { api: self.api, opening: self.opening, messages: self.messages, turns, chains }
     }
@@ -252,6 +268,19 @@ mod tests {
         crate::session::transparent::TransparentIndex::in_memory().split(turns, &[]).0
     }
 
+    /// Whether `read`'s turns are `whole`'s, except that reused assistant and tool turns have no
+    /// content: user turns and the turns after the reused ones are whole.
+    fn matches_with_hollows(read: &ReadMessages, whole: &[Turn]) -> bool {
+        read.turns.len() == whole.len()
+            && read.turns.iter().zip(whole).enumerate().all(|(index, (turn, whole))| {
+                if index < read.hollow_turns && turn.role != Role::User {
+                    turn.role == whole.role && turn.content == Content::default()
+                } else {
+                    turn == whole
+                }
+            })
+    }
+
     #[test]
     fn an_unchanged_prefix_is_reused_with_its_chains_and_the_rest_is_read() {
         let mut parsed = 0;
@@ -270,8 +299,15 @@ mod tests {
         assert_eq!(read_second.system, ["s"]);
         assert_eq!(read_second.known_chains, chains);
         let fresh = read(MessageMemo::default(), second, &mut 0);
-        assert_eq!(read_second.turns, fresh.turns, "reused turns are the ones a fresh read gives");
-        assert_eq!(chains_of(&read_second.turns)[..2], read_second.known_chains[..]);
+        assert_eq!(read_second.hollow_turns, 2);
+        assert!(
+            matches_with_hollows(&read_second, &fresh.turns),
+            "reused turns are the ones a fresh read gives, the assistant's without its content: {:?}",
+            read_second.turns
+        );
+        assert_eq!(read_second.turns[1].content, Content::default(), "the reused answer is hollow");
+        assert_eq!(read_second.turns[0], fresh.turns[0], "the reused user turn is whole");
+        assert_eq!(chains_of(&fresh.turns)[..2], read_second.known_chains[..]);
     }
 
     #[test]
@@ -350,11 +386,13 @@ mod tests {
 
             let with_memo = read(memo, &body_of(&next), &mut 0);
             let fresh = read(MessageMemo::default(), &body_of(&next), &mut 0);
-            proptest::prop_assert_eq!(&with_memo.turns, &fresh.turns);
+            proptest::prop_assert!(matches_with_hollows(&with_memo, &fresh.turns));
+            proptest::prop_assert_eq!(with_memo.hollow_turns, with_memo.known_chains.len());
             proptest::prop_assert_eq!(&with_memo.system, &fresh.system);
             let all_chains = chains_of(&fresh.turns);
             proptest::prop_assert_eq!(&all_chains[..with_memo.known_chains.len()], &with_memo.known_chains[..]);
             let index = crate::session::transparent::TransparentIndex::in_memory();
+            // Hollow turns are never hashed: their chain values are the known ones.
             proptest::prop_assert_eq!(index.split(&with_memo.turns, &with_memo.known_chains).0, all_chains);
         }
     }

@@ -55,6 +55,11 @@ pub struct ChatRequest {
     /// Transparent sessions: chain values of the leading turns that are already known (from a
     /// [`super::message_memo::MessageMemo`]); `known_chains[i]` is the value after `turns[i]`.
     pub known_chains: Vec<ChainHash>,
+    /// Transparent sessions: how many leading turns may have come without their content (a memo
+    /// keeps only the chain values of the assistant and tool turns it reuses). The engine never
+    /// journals one of them: when it would have to, it answers
+    /// [`super::engine::TurnOutcome::NeedsWholeHistory`] and changes nothing.
+    pub hollow_turns: usize,
 }
 
 impl ChatRequest {
@@ -70,6 +75,7 @@ impl ChatRequest {
             params: Map::new(),
             wants_usage: false,
             known_chains: Vec::new(),
+            hollow_turns: 0,
         }
     }
 }

@@ -63,6 +63,7 @@ pub fn parse_request(body: &Bytes, memo: MessageMemo) -> Result<ParsedRequest, G
         params: fields,
         wants_usage,
         known_chains: Vec::new(),
+        hollow_turns: 0,
     };
     Ok(ParsedRequest::with_messages(request, read, count))
 }

@@ -197,7 +197,7 @@ async fn prepare(
     // A request takes the memo over and hands it back after the engine (a concurrent one meanwhile
     // reads all of its messages): each memo is one request's bytes, turns and chains.
     let memo = if transparent { gateway.take_memo() } else { MessageMemo::default() };
-    let ParsedRequest { request, recollection, messages, reused_messages } =
+    let ParsedRequest { mut request, mut recollection, messages, reused_messages } =
         adapter.parse_request(body, memo)?;
     if transparent {
         let read = &gateway.metrics.transparent_messages;
@@ -228,28 +228,48 @@ async fn prepare(
         outcome: String::new(),
     };
     let head = upstream_head(&settings, &request);
-    let work_settings = Arc::clone(&settings);
-    let operation = operation_id.clone();
-    let work_head = head.clone();
-    let ((mut request, outcome, ask), turn_writes) = gateway
-        .with_engine_in_place_unsynced(move |engine| {
-            let turn = TurnRequest {
-                request: &request,
-                transparent,
-                request_key: request_key.as_deref(),
-                operation_id: operation,
-                head: work_head,
-                now_ms: now_ms(),
-            };
-            let outcome = engine.begin_turn(&work_settings.session, turn)?;
-            Ok((request, outcome, engine.take_compaction_ask()))
-        })
-        .await?;
-    if let Some(ask) = ask {
-        gateway.compactor.start(ask);
-    }
+    // At most twice: the second time every turn is whole, so the engine cannot ask again.
+    let mut attempts = 0;
+    let (mut request, outcome, turn_writes) = loop {
+        attempts += 1;
+        let work_settings = Arc::clone(&settings);
+        let operation = operation_id.clone();
+        let work_head = head.clone();
+        let request_key = request_key.clone();
+        let ((returned, outcome, ask), turn_writes) = gateway
+            .with_engine_in_place_unsynced(move |engine| {
+                let turn = TurnRequest {
+                    request: &request,
+                    transparent,
+                    request_key: request_key.as_deref(),
+                    operation_id: operation,
+                    head: work_head,
+                    now_ms: now_ms(),
+                };
+                let outcome = engine.begin_turn(&work_settings.session, turn)?;
+                Ok((request, outcome, engine.take_compaction_ask()))
+            })
+            .await?;
+        if let Some(ask) = ask {
+            gateway.compactor.start(ask);
+        }
+        if !matches!(outcome, TurnOutcome::NeedsWholeHistory) || attempts > 1 {
+            break (returned, outcome, turn_writes);
+        }
+        // The journal no longer holds turns the memo took for journaled (a rollback, or writes
+        // lost in a crash): read every message again, whole.
+        let whole = adapter.parse_request(body, MessageMemo::default())?;
+        gateway.metrics.transparent_messages.with_label_values(&["parsed"]).inc_by(whole.messages as u64);
+        (request, recollection) = (whole.request, whole.recollection);
+    };
     let admitted = match outcome {
         TurnOutcome::Admitted(admitted) => admitted,
+        TurnOutcome::NeedsWholeHistory => {
+            return Err(GatewayError::EngineUnavailable {
+                cause: "the context engine asked for the whole history again after it was sent whole".into(),
+                reason: "send the request again".into(),
+            });
+        }
         TurnOutcome::Blocked(notice) => {
             gateway.engine.make_durable(turn_writes).await?;
             gateway.metrics.blocked_operations.inc();

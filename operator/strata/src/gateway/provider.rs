@@ -34,6 +34,7 @@ impl ParsedRequest {
     pub fn with_messages(mut request: ChatRequest, read: ReadMessages, messages: usize) -> Self {
         request.turns = read.turns;
         request.known_chains = read.known_chains;
+        request.hollow_turns = read.hollow_turns;
         Self { request, recollection: read.recollection, messages, reused_messages: read.reused_messages }
     }
 }
