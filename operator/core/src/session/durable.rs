@@ -36,14 +36,20 @@ impl DurableTarget {
     }
 
     /// Fsyncs every file of the target on `storage`; the error names the file that failed.
+    ///
+    /// The index files go first. Their lines are written ahead of the journal entries they name,
+    /// and an index line whose entry a power loss took is forgotten at the next open; a journaled
+    /// user turn the index does not know would be taken for Strata's own and journaled again. So
+    /// the log is fsynced only once the index lines are durable. (The kernel may still write the
+    /// log's pages back earlier on its own; only one file for both would close that.)
     pub fn sync(&self, storage: &dyn Storage) -> Result<(), String> {
         let failed = |path: &Path, error: std::io::Error| format!("fsync {}: {error}", path.display());
+        for file in &self.files {
+            file.sync(storage).map_err(|error| failed(&file.path, error))?;
+        }
         match &self.log_sync {
             Some(handle) => handle.sync().map_err(|error| failed(&self.log, error))?,
             None => storage.sync_file(&self.log).map_err(|error| failed(&self.log, error))?,
-        }
-        for file in &self.files {
-            file.sync(storage).map_err(|error| failed(&file.path, error))?;
         }
         Ok(())
     }

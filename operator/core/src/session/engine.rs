@@ -326,8 +326,9 @@ pub enum TurnOutcome {
     /// been rewound to the client's history first).
     Blocked(Box<BudgetExceeded>),
     /// The request's new turns begin among its hollow ones ([`ChatRequest::hollow_turns`]: the
-    /// journal no longer holds turns the client's memo took for journaled, after a rollback or a
-    /// crash that lost unsynced writes). Nothing was changed: send it again with every turn whole.
+    /// journal no longer holds turns the client's memo took for journaled: a rewind by a request of
+    /// another conversation, a rollback, or a compaction that kept none of them). Nothing was
+    /// changed: send it again with every turn whole.
     NeedsWholeHistory,
 }
 

@@ -3,7 +3,7 @@
 //! through.
 
 use std::fs::{File, OpenOptions};
-use std::io::Write;
+use std::io::{Read, Seek, SeekFrom, Write};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -43,7 +43,7 @@ impl LineFile {
         let file = match &self.open {
             Some(file) => Arc::clone(file),
             None => {
-                let file = Arc::new(OpenOptions::new().create(true).append(true).open(&self.path)?);
+                let file = Arc::new(open_at_a_line_start(&self.path)?);
                 self.open = Some(Arc::clone(&file));
                 file
             }
@@ -77,6 +77,22 @@ impl LineFileSync {
             None => storage.sync_file(&self.path),
         }
     }
+}
+
+/// Opens `path` for appending (created when missing), after ending a torn last line (a write cut
+/// short by a full disk or a crash), so that the next line is not glued onto the fragment and lost
+/// with it when the file is read.
+fn open_at_a_line_start(path: &Path) -> std::io::Result<File> {
+    let mut file = OpenOptions::new().create(true).read(true).append(true).open(path)?;
+    if file.metadata()?.len() > 0 {
+        let mut last = [0u8; 1];
+        file.seek(SeekFrom::End(-1))?;
+        file.read_exact(&mut last)?;
+        if last != *b"\n" {
+            file.write_all(b"\n")?;
+        }
+    }
+    Ok(file)
 }
 
 /// Replaces the file at `path` with `text` durably: a temporary file, synced, renamed over it, and
@@ -120,6 +136,20 @@ mod tests {
         assert_eq!(std::fs::read_to_string(&path).unwrap(), "c\nd\n", "appends land in the new file");
         // A descriptor taken before the replacement syncs the old file and fails nothing.
         first.sync(&StdStorage).unwrap();
+    }
+
+    #[test]
+    fn a_torn_last_line_is_ended_before_the_next_append() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("lines");
+        std::fs::write(&path, "whole\ntor").unwrap();
+        let mut file = LineFile::new(&path);
+        file.append("next\n").unwrap();
+        assert_eq!(std::fs::read_to_string(&path).unwrap(), "whole\ntor\nnext\n");
+        // A file that ends a line is appended to as it is.
+        let mut again = LineFile::new(&path);
+        again.append("last\n").unwrap();
+        assert_eq!(std::fs::read_to_string(&path).unwrap(), "whole\ntor\nnext\nlast\n");
     }
 
     #[test]

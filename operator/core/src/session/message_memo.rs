@@ -9,7 +9,7 @@
 //! both depend on nothing but those bytes.
 //!
 //! Bytes are compared by a 128-bit XXH3 digest with a seed drawn at start-up, not kept: the memo
-//! holds a few dozen bytes a message instead of the last body (1.4 MB at a 200k-token history),
+//! holds about a hundred bytes a message instead of the last body (1.4 MB at a 200k-token history),
 //! and hashing the new body once is quicker than comparing it with the old one. Two different
 //! messages are taken for equal only if their digests collide; by chance that is a 2^-128 event,
 //! and a client that could make it happen on purpose (without knowing the seed) would only
@@ -19,7 +19,8 @@
 //! engine is done. It keeps user turns whole and only the roles of the others (assistant answers
 //! and tool results, the bulk of a history): the engine journals only new turns, and needs the
 //! latest user text, so a reused turn's content is wanted only when the journal lost turns the
-//! client had sent before (a rollback, or a crash that lost unsynced writes). The engine then says
+//! client had sent before (a rewind by another conversation's request, a rollback, or a compaction
+//! that kept none of them). The engine then says
 //! so ([`ChatRequest::hollow_turns`](super::turn::ChatRequest::hollow_turns)) and the request is
 //! read again without the memo.
 
@@ -188,10 +189,10 @@ impl MessageMemo {
             turns.extend(reading.turns);
         }
         // Where each message is now, and what comes before it: the same as last time for the
-        // first `known`, whose bytes and places the split found equal.
-        let mut start = 0;
+        // first `known` when they were reused, since the split found their bytes and places equal.
+        let (mut start, kept) = (0, known.min(reused));
         for (index, (message, span)) in remembered.iter_mut().zip(messages).enumerate() {
-            if index >= known {
+            if index >= kept {
                 message.lead = digest(body.get(start..span.start).unwrap_or_default());
                 message.raw = span;
             }

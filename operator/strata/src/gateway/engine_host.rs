@@ -137,6 +137,9 @@ fn is_storage_fault(error: &EngineError) -> bool {
             matches!(error, JournalError::Io { .. } | JournalError::Poisoned { .. })
         }
         EngineError::Artifact(_) => true,
+        // An index line that was not written is still in the engine's memory: reloading from the
+        // files puts the two back in step.
+        EngineError::Index(_) => true,
         _ => false,
     }
 }

@@ -197,13 +197,8 @@ async fn prepare(
     // A request takes the memo over and hands it back after the engine (a concurrent one meanwhile
     // reads all of its messages): each memo is one request's bytes, turns and chains.
     let memo = if transparent { gateway.take_memo() } else { MessageMemo::default() };
-    let ParsedRequest { mut request, mut recollection, messages, reused_messages } =
+    let ParsedRequest { mut request, mut recollection, messages, mut reused_messages } =
         adapter.parse_request(body, memo)?;
-    if transparent {
-        let read = &gateway.metrics.transparent_messages;
-        read.with_label_values(&["reused"]).inc_by(reused_messages as u64);
-        read.with_label_values(&["parsed"]).inc_by((messages - reused_messages) as u64);
-    }
     if settings.config.session_mode == SessionMode::Stateful && !has_session {
         return Err(GatewayError::BadRequest(format!(
             "this agent's session mode is Stateful: send only the new messages, with an {SESSION_HEADER} header"
@@ -259,9 +254,13 @@ async fn prepare(
         // The journal no longer holds turns the memo took for journaled (a rollback, or writes
         // lost in a crash): read every message again, whole.
         let whole = adapter.parse_request(body, MessageMemo::default())?;
-        gateway.metrics.transparent_messages.with_label_values(&["parsed"]).inc_by(whole.messages as u64);
-        (request, recollection) = (whole.request, whole.recollection);
+        (request, recollection, reused_messages) = (whole.request, whole.recollection, 0);
     };
+    if transparent {
+        let read = &gateway.metrics.transparent_messages;
+        read.with_label_values(&["reused"]).inc_by(reused_messages as u64);
+        read.with_label_values(&["parsed"]).inc_by((messages - reused_messages) as u64);
+    }
     let admitted = match outcome {
         TurnOutcome::Admitted(admitted) => admitted,
         TurnOutcome::NeedsWholeHistory => {
