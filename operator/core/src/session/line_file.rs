@@ -79,11 +79,24 @@ impl LineFileSync {
     }
 }
 
-/// Opens `path` for appending (created when missing), after ending a torn last line (a write cut
-/// short by a full disk or a crash), so that the next line is not glued onto the fragment and lost
-/// with it when the file is read.
+/// Opens `path` for appending, after ending a torn last line (a write cut short by a full disk or
+/// a crash), so that the next line is not glued onto the fragment and lost with it when the file is
+/// read. A file it creates has its directory fsynced too, so that the name survives a power loss
+/// along with the lines the group commits make durable.
 fn open_at_a_line_start(path: &Path) -> std::io::Result<File> {
-    let mut file = OpenOptions::new().create(true).read(true).append(true).open(path)?;
+    let options = || {
+        let mut options = OpenOptions::new();
+        options.read(true).append(true);
+        options
+    };
+    let mut file = match options().create_new(true).open(path) {
+        Ok(created) => {
+            sync_parent(path)?;
+            return Ok(created);
+        }
+        Err(error) if error.kind() == std::io::ErrorKind::AlreadyExists => options().open(path)?,
+        Err(error) => return Err(error),
+    };
     if file.metadata()?.len() > 0 {
         let mut last = [0u8; 1];
         file.seek(SeekFrom::End(-1))?;
@@ -103,6 +116,11 @@ pub(crate) fn replace_file(path: &Path, text: &str) -> std::io::Result<()> {
     file.write_all(text.as_bytes())?;
     file.sync_all()?;
     std::fs::rename(&tmp, path)?;
+    sync_parent(path)
+}
+
+/// Fsyncs the directory holding `path`, making a create or rename there durable.
+fn sync_parent(path: &Path) -> std::io::Result<()> {
     match path.parent() {
         Some(dir) if !dir.as_os_str().is_empty() => File::open(dir)?.sync_all(),
         _ => Ok(()),
