@@ -8,6 +8,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use crate::journal::Storage;
+use crate::session::transparent::IndexError;
 
 /// A line file and, once something was appended, the descriptor appends go through.
 #[derive(Debug)]
@@ -31,35 +32,34 @@ impl LineFile {
         Self { path: path.to_owned(), open: None }
     }
 
-    /// The file's path.
-    pub(crate) fn path(&self) -> &Path {
-        &self.path
-    }
-
     /// Appends `text` (whole lines) at the end of the file, creating it when missing. Durable once
     /// [`Self::sync_target`]'s sync returns. After a failed write the descriptor is dropped, so the
     /// next append opens the file again.
-    pub(crate) fn append(&mut self, text: &str) -> std::io::Result<()> {
+    pub(crate) fn append(&mut self, text: &str) -> Result<(), IndexError> {
         let file = match &self.open {
             Some(file) => Arc::clone(file),
             None => {
-                let file = Arc::new(open_at_a_line_start(&self.path)?);
+                let file = Arc::new(open_at_a_line_start(&self.path).map_err(|cause| self.error(cause))?);
                 self.open = Some(Arc::clone(&file));
                 file
             }
         };
-        let written = (&*file).write_all(text.as_bytes());
-        if written.is_err() {
+        (&*file).write_all(text.as_bytes()).map_err(|cause| {
             self.open = None;
-        }
-        written
+            self.error(cause)
+        })
     }
 
     /// Replaces the whole file with `text` durably (temporary file, fsync, rename, directory
     /// fsync). The old descriptor names the replaced file, so it is dropped.
-    pub(crate) fn replace(&mut self, text: &str) -> std::io::Result<()> {
+    pub(crate) fn replace(&mut self, text: &str) -> Result<(), IndexError> {
         self.open = None;
-        replace_file(&self.path, text)
+        replace_file(&self.path, text).map_err(|cause| self.error(cause))
+    }
+
+    /// `cause`, naming this file.
+    fn error(&self, cause: std::io::Error) -> IndexError {
+        IndexError::new(&self.path, cause)
     }
 
     /// What makes every append so far durable.
@@ -110,7 +110,7 @@ fn open_at_a_line_start(path: &Path) -> std::io::Result<File> {
 
 /// Replaces the file at `path` with `text` durably: a temporary file, synced, renamed over it, and
 /// the directory synced, so a crash leaves the old file or the whole new one.
-pub(crate) fn replace_file(path: &Path, text: &str) -> std::io::Result<()> {
+fn replace_file(path: &Path, text: &str) -> std::io::Result<()> {
     let tmp = path.with_extension("tmp");
     let mut file = File::create(&tmp)?;
     file.write_all(text.as_bytes())?;

@@ -158,17 +158,13 @@ impl RequestKeys {
         if self.keys.insert(hash, turn) == Some(turn) {
             return Ok(());
         }
-        if self.file.is_none() {
-            return Ok(());
-        }
+        let Some(file) = &mut self.file else { return Ok(()) };
         if self.lines + 1 > 2 * KEPT_KEYS {
             self.keep_newest();
             return self.rewrite_file();
         }
         let line = format!("{} {} {}\n", hex::encode(hash), first_entry, hex::encode(turn.digest));
-        if let Some(file) = &mut self.file {
-            file.append(&line).map_err(|cause| IndexError::new(file.path(), cause))?;
-        }
+        file.append(&line)?;
         self.lines += 1;
         Ok(())
     }
@@ -208,14 +204,9 @@ impl RequestKeys {
                 hex::encode(turn.digest)
             ));
         }
-        file.replace(&text).map_err(|cause| IndexError::new(file.path(), cause))?;
+        file.replace(&text)?;
         self.lines = self.keys.len();
         Ok(())
-    }
-
-    /// The key file, when persisted.
-    pub fn path(&self) -> Option<&Path> {
-        self.file.as_ref().map(LineFile::path)
     }
 
     /// What makes the file's appends so far durable, when persisted.

@@ -212,7 +212,7 @@ impl TransparentIndex {
         if text.is_empty() {
             return Ok(false);
         }
-        file.append(&text).map_err(|cause| IndexError::new(file.path(), cause))?;
+        file.append(&text)?;
         Ok(true)
     }
 
@@ -270,7 +270,7 @@ impl TransparentIndex {
             }
             text.push('\n');
         }
-        file.replace(&text).map_err(|cause| IndexError::new(file.path(), cause))
+        file.replace(&text)
     }
 
     /// How many chain values are known.
@@ -281,11 +281,6 @@ impl TransparentIndex {
     /// Whether no chain value is known.
     pub fn is_empty(&self) -> bool {
         self.known.is_empty()
-    }
-
-    /// The index file, when persisted.
-    pub fn path(&self) -> Option<&Path> {
-        self.file.as_ref().map(LineFile::path)
     }
 
     /// What makes the file's appends so far durable, when persisted.

@@ -251,8 +251,8 @@ async fn prepare(
         if !matches!(outcome, TurnOutcome::NeedsWholeHistory) || attempts > 1 {
             break (returned, outcome, turn_writes);
         }
-        // The journal no longer holds turns the memo took for journaled (a rollback, or writes
-        // lost in a crash): read every message again, whole.
+        // The journal no longer holds turns the memo took for journaled (a rewind by another
+        // conversation's request, a rollback, a compaction): read every message again, whole.
         let whole = adapter.parse_request(body, MessageMemo::default())?;
         (request, recollection, reused_messages) = (whole.request, whole.recollection, 0);
     };
