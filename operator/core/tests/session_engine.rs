@@ -784,3 +784,56 @@ fn a_keyed_retry_after_a_compaction_keeps_the_summary_and_the_turn_once() {
     assert_eq!(kinds, [EntryKind::Message, EntryKind::Message, EntryKind::Summary, EntryKind::Message]);
     assert_eq!(journal_texts(&engine).last().map(String::as_str), Some("a.txt says hello"));
 }
+
+/// Found in review (issue 20): a compaction that keeps none of the client's turns
+/// (`keepRecentEntries: 0`) leaves a generation of Strata's own entries only. The client's next
+/// request resends the history the summary covers; it extends the journal after the summary. Before,
+/// it was taken for a new conversation: the summary was dropped and the whole history journaled
+/// again, which refilled the window the compaction had just emptied.
+#[test]
+fn a_transparent_request_after_a_compaction_that_kept_none_of_its_turns_extends_the_summary() {
+    let mut settings = SessionSettings::defaults(Api::OpenAi, 100_000);
+    settings.compaction.keep_recent_entries = 0;
+    let mut engine = SessionEngine::in_memory(&settings, 0).unwrap();
+    let mut history = Vec::new();
+    for step in 0..6 {
+        history.push(user(format!("step {step}: {}", "lorem ipsum dolor sit amet ".repeat(100))));
+        let answer = format!("done {step}");
+        transparent_call(&mut engine, &settings, &history, &answer).unwrap();
+        history.push(Turn { role: Role::Assistant, content: Content::text(answer) });
+    }
+    let record = engine
+        .compact(&settings, &CompactionAsk::new(CompactionMode::Budget, "test"), 2_000)
+        .unwrap()
+        .unwrap();
+    let generation = engine.journal().generation();
+    assert_eq!(record.result_generation, generation, "the compaction committed");
+    let entries_after_compaction = engine.journal().entries().len();
+    let openings = |engine: &SessionEngine| -> Vec<String> {
+        journal_texts(engine).iter().map(|text| text.chars().take(12).collect()).collect()
+    };
+    assert!(
+        engine.journal().entries().iter().any(|entry| entry.id.kind() == EntryKind::Summary),
+        "{:?}",
+        openings(&engine)
+    );
+    assert!(
+        !journal_texts(&engine).iter().any(|text| text.starts_with("step ")),
+        "no client turn was kept: {:?}",
+        openings(&engine)
+    );
+
+    history.push(user("And now?".into()));
+    transparent_call(&mut engine, &settings, &history, "all done").unwrap();
+    assert_eq!(engine.journal().generation(), generation, "no rewind: {:?}", openings(&engine));
+    let texts = openings(&engine);
+    assert_eq!(texts.len(), entries_after_compaction + 2, "only the new turn and its answer: {texts:?}");
+    assert_eq!(&texts[entries_after_compaction..], ["And now?", "all done"]);
+
+    // The turn after that is recognised as usual.
+    history.push(Turn { role: Role::Assistant, content: Content::text("all done".to_owned()) });
+    history.push(user("Thanks".into()));
+    transparent_call(&mut engine, &settings, &history, "welcome").unwrap();
+    assert_eq!(engine.journal().generation(), generation);
+    assert_eq!(journal_texts(&engine).len(), entries_after_compaction + 4);
+}

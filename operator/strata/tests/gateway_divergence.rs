@@ -313,3 +313,112 @@ async fn a_stateful_turn_resent_with_its_idempotency_key_is_journaled_once() {
     assert_eq!(fake.seen().len(), 3, "the refused request never went upstream");
     assert_all_valid(&fake, Api::OpenAi);
 }
+
+/// A compaction that keeps none of the client's turns (`keepRecentEntries: 0`) leaves the summary
+/// alone in the journal. The client's next request resends the history the summary covers and
+/// extends the journal after it: upstream gets the summary and the new turn, not the old turns
+/// again, and nothing is rewound. Before, the request was taken for a new conversation, which
+/// dropped the summary and journaled the whole history again.
+#[tokio::test]
+async fn a_history_a_compaction_summarised_whole_is_not_journaled_again() {
+    let fake = FakeUpstream::start().await;
+    fake.script(["a0", "a1", "a2", "a3", "a4"].map(|t| Reply::Text(t.into())));
+    let gateway = Harness::start(&fake, Provider::OpenAI, |config| {
+        config.policy.compaction.keep_recent_entries = 0;
+    })
+    .await;
+    let mut history = Vec::new();
+    for step in 0..3 {
+        history.push(user(&format!("Step {step}: decided to keep the API stable.")));
+        let answer = send(&gateway, &history).await;
+        history.push(answer);
+    }
+    let (status, record) = gateway.post_json("/strata/v1/compact", &json!({}), &[]).await;
+    assert_eq!(status, 200, "{record}");
+    let generation = gateway.get_json("/strata/v1/status").await["generation"].clone();
+    let compacted = gateway.entries().await;
+    let is_summary = |entry: &Value| entry["id"].as_str().unwrap().starts_with("summary_");
+    assert!(is_summary(&compacted[0]), "{compacted:?}");
+    assert!(
+        compacted.iter().all(|entry| entry["role"] != "assistant"),
+        "every answer was summarised: {compacted:?}"
+    );
+
+    history.push(user("Step 3: and now?"));
+    let answer = send(&gateway, &history).await;
+    let upstream = conversation(&fake.last());
+    assert_eq!(upstream.last(), Some(&("user".to_owned(), "Step 3: and now?".to_owned())));
+    assert!(
+        upstream.iter().all(|(_, text)| !text.starts_with("Step 0") && !text.starts_with("Step 2")),
+        "the summarised turns are not sent again: {upstream:?}"
+    );
+    let entries = gateway.entries().await;
+    assert_eq!(entries.len(), compacted.len() + 2, "the new turn and its answer: {entries:?}");
+    assert!(is_summary(&entries[0]), "the summary stays: {entries:?}");
+    assert_eq!(gateway.get_json("/strata/v1/status").await["generation"], generation, "no rewind");
+
+    // The conversation goes on from there, its reused messages taken from the memo.
+    history.push(answer);
+    history.push(user("Step 4: thanks"));
+    send(&gateway, &history).await;
+    assert_eq!(gateway.entries().await.len(), compacted.len() + 4);
+    assert_all_valid(&fake, Api::OpenAi);
+    let metrics = gateway.metrics().await;
+    assert!(!metrics.contains("strata_gateway_transparent_rewinds_total{"), "{metrics}");
+    assert!(messages_read(&metrics, "reused") > 0, "{metrics}");
+}
+
+/// After the same compaction, a client that edits a summarised turn sends its own conversation:
+/// it goes upstream as sent, never spliced onto a summary of turns it no longer has. The memo
+/// had taken the unchanged turns before the edit for journaled and sent them without their
+/// content; the engine, whose journal no longer holds them, asks for the whole history, and the
+/// gateway reads the request again (its only path to that re-read over HTTP).
+#[tokio::test]
+async fn an_edit_of_a_summarised_turn_goes_upstream_as_the_clients_own_conversation() {
+    let fake = FakeUpstream::start().await;
+    fake.script(["a0", "a1", "a2", "a1 again"].map(|t| Reply::Text(t.into())));
+    let gateway = Harness::start(&fake, Provider::OpenAI, |config| {
+        config.policy.compaction.keep_recent_entries = 0;
+    })
+    .await;
+    let mut history = Vec::new();
+    for step in 0..3 {
+        history.push(user(&format!("Step {step}: decided to keep the API stable.")));
+        let answer = send(&gateway, &history).await;
+        history.push(answer);
+    }
+    let (status, record) = gateway.post_json("/strata/v1/compact", &json!({}), &[]).await;
+    assert_eq!(status, 200, "{record}");
+    let parsed_before = messages_read(&gateway.metrics().await, "parsed");
+
+    history.truncate(2);
+    history.push(user("Step 1, edited: make the API versioned."));
+    send(&gateway, &history).await;
+    assert_eq!(
+        conversation(&fake.last()),
+        pairs(&[
+            ("user", "Step 0: decided to keep the API stable."),
+            ("assistant", "a0"),
+            ("user", "Step 1, edited: make the API versioned.")
+        ]),
+        "the client's conversation, whole and without the summary"
+    );
+    let roles: Vec<String> =
+        gateway.entries().await.iter().map(|e| e["role"].as_str().unwrap().to_owned()).collect();
+    assert_eq!(
+        roles,
+        ["user", "assistant", "user", "assistant"],
+        "the journal holds the client's conversation"
+    );
+    assert_all_valid(&fake, Api::OpenAi);
+    let metrics = gateway.metrics().await;
+    assert!(
+        metrics.contains("strata_gateway_transparent_rewinds_total{cause=\"new_conversation\"} 1"),
+        "{metrics}"
+    );
+    assert_eq!(
+        messages_read(&metrics, "parsed") - parsed_before,
+        3,
+        "the request was read again whole, every message parsed: {metrics}"
+    );
+}

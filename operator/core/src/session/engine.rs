@@ -327,7 +327,7 @@ pub enum TurnOutcome {
     Blocked(Box<BudgetExceeded>),
     /// The request's new turns begin among its hollow ones ([`ChatRequest::hollow_turns`]: the
     /// journal no longer holds turns the client's memo took for journaled: a rewind by a request of
-    /// another conversation, a rollback, or a compaction that kept none of them). Nothing was
+    /// another conversation, a rollback, or an edit of a turn a compaction summarised). Nothing was
     /// changed: send it again with every turn whole.
     NeedsWholeHistory,
 }

@@ -19,8 +19,9 @@
 //! engine is done. It keeps user turns whole and only the roles of the others (assistant answers
 //! and tool results, the bulk of a history): the engine journals only new turns, and needs the
 //! latest user text, so a reused turn's content is wanted only when the journal lost turns the
-//! client had sent before (a rewind by another conversation's request, a rollback, or a compaction
-//! that kept none of them). The engine then says
+//! client had sent before and the request must be journaled whole (a rewind by another
+//! conversation's request, a rollback, or an edit of a turn a compaction summarised). The engine
+//! then says
 //! so ([`ChatRequest::hollow_turns`](super::turn::ChatRequest::hollow_turns)) and the request is
 //! read again without the memo.
 

@@ -63,6 +63,19 @@ fn is_strata_own(entry: &Entry, holders: &HashSet<EntryId>) -> bool {
     }
 }
 
+/// Where the summaries of a generation stand: `(ID number, index in the entries)`, in order.
+fn summaries(entries: &[Entry]) -> Vec<(u64, usize)> {
+    let summaries = entries.iter().enumerate().filter(|(_, entry)| entry.id.kind() == EntryKind::Summary);
+    summaries.map(|(index, entry)| (entry.id.number(), index)).collect()
+}
+
+/// The summary (among `summaries`, from [`summaries`]) that can hold the entry `id`: the earliest
+/// one allocated after it, as `(ID number, index)`. A summary's ID is allocated once every entry
+/// it covers exists, so a summary with a lower number cannot hold it.
+fn folding_summary(summaries: &[(u64, usize)], id: EntryId) -> Option<(u64, usize)> {
+    summaries.iter().find(|(number, _)| *number > id.number()).copied()
+}
+
 /// How a transparent request relates to the journal.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Placement {
@@ -159,10 +172,15 @@ impl TransparentIndex {
     ///
     /// It extends the journal when only Strata's own entries (a compaction summary, memory-tool
     /// traffic) follow the entry holding its last known turn (or the journal is empty and nothing
-    /// is known, or the turn was recorded before entries were tracked). Otherwise it diverged,
-    /// and the journal is rewound to the latest known turn whose entry the generation still holds
-    /// (with Strata's own entries right after it); when none is (a new conversation, or every
-    /// shared turn was compacted away) to nothing, and the whole request is journaled again.
+    /// is known, or the turn was recorded before entries were tracked). A turn whose entry a
+    /// compaction or a purge folded into a summary of this generation stands where the summary
+    /// stands, when it is the newest client turn the summary can hold: a request resending the
+    /// history a compaction summarised whole extends the journal after the summary. Otherwise it
+    /// diverged, and the journal is rewound to the latest known turn the generation still holds
+    /// (with Strata's own entries right after it); when none is (a new conversation, an edit of a
+    /// summarised turn, a rollback to before every shared turn) to nothing, and the whole request
+    /// is journaled again: a summary that holds turns the client no longer sends is never spliced
+    /// onto its conversation.
     pub fn locate(&self, chains: &[ChainHash], first_known: usize, entries: &[Entry]) -> Placement {
         let own_after = |index: usize| {
             entries[index + 1..].iter().take_while(|entry| is_strata_own(entry, &self.holders)).count()
@@ -185,12 +203,30 @@ impl TransparentIndex {
         }
         let position: HashMap<EntryId, usize> =
             entries.iter().enumerate().map(|(index, entry)| (entry.id, index)).collect();
+        let summaries = summaries(entries);
+        // The numbers of the entries holding client turns, in order: built when first needed.
+        let mut holder_numbers: Option<Vec<u64>> = None;
         let shared = (0..first_known).rev().find_map(|turn| {
             let id = self.known.get(&chains[turn]).copied().flatten()?;
-            position.get(&id).map(|index| (turn, *index))
+            if let Some(index) = position.get(&id) {
+                return Some((turn, *index));
+            }
+            let (summary, index) = folding_summary(&summaries, id)?;
+            let numbers = holder_numbers.get_or_insert_with(|| {
+                let mut numbers: Vec<u64> = self.holders.iter().map(EntryId::number).collect();
+                numbers.sort_unstable();
+                numbers
+            });
+            // Any client turn journaled after this one and before the summary is one the request
+            // no longer sends, and the summary may hold it.
+            let newest_before_summary = numbers[..numbers.partition_point(|number| *number < summary)].last();
+            (newest_before_summary == Some(&id.number())).then_some((turn, index))
         });
         let (keep, first_new) =
             shared.map_or((0, 0), |(turn, index)| (index + 1 + own_after(index), turn + 1));
+        if keep == entries.len() && first_new == first_known {
+            return Placement::Extends { first_new };
+        }
         Placement::Diverged { keep, first_new, dropped: entries.len() - keep }
     }
 
@@ -286,5 +322,100 @@ impl TransparentIndex {
     /// What makes the file's appends so far durable, when persisted.
     pub fn sync_target(&self) -> Option<LineFileSync> {
         self.file.as_ref().map(LineFile::sync_target)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::entry::{Content, EntryDraft, RetentionClass};
+
+    fn entry(kind: EntryKind, role: Role, text: &str, number: u64) -> Entry {
+        let content = Content::text(text.to_owned());
+        let retention = RetentionClass::Working;
+        EntryDraft { kind, role, content, retention, created_at_ms: 0, tokens: 1, artifact_refs: vec![] }
+            .into_entry(number)
+    }
+
+    fn turn(role: Role, text: &str) -> Turn {
+        Turn { role, content: Content::text(text.to_owned()) }
+    }
+
+    /// An index that knows `turns`, the turn at `i` held by the entry numbered `numbers[i]`.
+    fn knowing(turns: &[Turn], numbers: &[u64]) -> (TransparentIndex, Vec<ChainHash>) {
+        let mut index = TransparentIndex::in_memory();
+        let (chains, _) = index.split(turns, &[]);
+        let held: Vec<(ChainHash, EntryId)> = chains
+            .iter()
+            .zip(numbers)
+            .map(|(chain, number)| (*chain, EntryId::new(EntryKind::Message, *number)))
+            .collect();
+        index.remember(&held).ok();
+        (index, chains)
+    }
+
+    #[test]
+    fn turns_a_summary_folded_stand_where_the_summary_stands() {
+        let history = [turn(Role::User, "u1"), turn(Role::Assistant, "a1"), turn(Role::User, "u2")];
+        let (index, _) = knowing(&history[..2], &[1, 2]);
+        let (chains, first_known) = index.split(&history, &[]);
+        assert_eq!(first_known, 2);
+        // A compaction folded entries 1 and 2 into summary 5, followed by its resume instruction.
+        let compacted = [
+            entry(EntryKind::Summary, Role::User, "summary", 5),
+            entry(EntryKind::Message, Role::User, "resume", 6),
+        ];
+        assert_eq!(index.locate(&chains, first_known, &compacted), Placement::Extends { first_new: 2 });
+
+        // Entries the client never saw after the summary are dropped; the summary stays.
+        let mut unseen = compacted.to_vec();
+        unseen.push(entry(EntryKind::Message, Role::Assistant, "an answer never delivered", 7));
+        assert_eq!(
+            index.locate(&chains, first_known, &unseen),
+            Placement::Diverged { keep: 2, first_new: 2, dropped: 1 }
+        );
+    }
+
+    #[test]
+    fn an_edit_of_a_summarised_turn_is_not_spliced_onto_the_summary() {
+        let history = [
+            turn(Role::User, "u1"),
+            turn(Role::Assistant, "a1"),
+            turn(Role::User, "u2"),
+            turn(Role::Assistant, "a2"),
+        ];
+        let (index, _) = knowing(&history, &[1, 2, 3, 4]);
+        // The client edits u2, which the summary folded with a2.
+        let edited = [history[0].clone(), history[1].clone(), turn(Role::User, "u2, edited")];
+        let (chains, first_known) = index.split(&edited, &[]);
+        assert_eq!(first_known, 2);
+        let compacted = [
+            entry(EntryKind::Summary, Role::User, "summary", 5),
+            entry(EntryKind::Message, Role::User, "resume", 6),
+        ];
+        assert_eq!(
+            index.locate(&chains, first_known, &compacted),
+            Placement::Diverged { keep: 0, first_new: 0, dropped: 2 }
+        );
+        // Resent unedited, it extends the summary.
+        let (chains, first_known) = index.split(&history, &[]);
+        assert_eq!(index.locate(&chains, first_known, &compacted), Placement::Extends { first_new: 4 });
+    }
+
+    #[test]
+    fn a_summary_older_than_every_shared_turn_is_not_taken_for_theirs() {
+        let history = [turn(Role::User, "u1"), turn(Role::Assistant, "a1"), turn(Role::User, "u2")];
+        let (index, _) = knowing(&history[..2], &[8, 9]);
+        let (chains, first_known) = index.split(&history, &[]);
+        // A rollback to a generation compacted before the shared turns were journaled.
+        let earlier = [
+            entry(EntryKind::Summary, Role::User, "older summary", 5),
+            entry(EntryKind::Message, Role::User, "resume", 6),
+            entry(EntryKind::Message, Role::Assistant, "another conversation's answer", 7),
+        ];
+        assert_eq!(
+            index.locate(&chains, first_known, &earlier),
+            Placement::Diverged { keep: 0, first_new: 0, dropped: 3 }
+        );
     }
 }

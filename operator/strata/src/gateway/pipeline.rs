@@ -252,7 +252,8 @@ async fn prepare(
             break (returned, outcome, turn_writes);
         }
         // The journal no longer holds turns the memo took for journaled (a rewind by another
-        // conversation's request, a rollback, a compaction): read every message again, whole.
+        // conversation's request, a rollback, an edit of a summarised turn): read every message
+        // again, whole.
         let whole = adapter.parse_request(body, MessageMemo::default())?;
         (request, recollection, reused_messages) = (whole.request, whole.recollection, 0);
     };
