@@ -3,7 +3,9 @@
 //! each call (the fake upstream answering with the recorded assistant messages), gets an answer on
 //! every call, and every upstream request keeps the provider's tool-pairing rules and fits the
 //! window. With a 32k-token window the gateway must compact to get there; the compactions per
-//! session are printed (BENCHMARKS.md, "Real traffic").
+//! session are printed (BENCHMARKS.md, "Real traffic"). No client here edits its history, so no
+//! request may rewind the journal: not even after a compaction that kept none of the client's turns
+//! (`keepRecentEntries: 0`), whose summary the next request must extend.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod gateway_support;
@@ -41,10 +43,23 @@ fn counter(metrics: &str, name: &str) -> u64 {
         .sum::<f64>() as u64
 }
 
-async fn drive(fake: &FakeUpstream, transcript: &Transcript, window: u32) -> Driven {
+/// The gateway's window and, when set, the compaction's `keepRecentEntries`.
+#[derive(Debug, Clone, Copy)]
+struct Setting {
+    window: u32,
+    keep_recent_entries: Option<u32>,
+    /// Compact over HTTP between calls once the context is over half the window, as a CompactionJob
+    /// the controller starts before the limit is applied between two of the client's requests.
+    compact_between_calls: bool,
+}
+
+async fn drive(fake: &FakeUpstream, transcript: &Transcript, setting: Setting) -> Driven {
     let gateway = Harness::start(fake, Provider::OpenAI, |config| {
-        config.upstream.context_window = window;
+        config.upstream.context_window = setting.window;
         config.stable_prefix.system_prompt = String::new();
+        if let Some(keep) = setting.keep_recent_entries {
+            config.policy.compaction.keep_recent_entries = keep;
+        }
     })
     .await;
     let wires: Vec<Value> = transcript.messages.iter().map(|m| m.wire.clone()).collect();
@@ -77,6 +92,12 @@ async fn drive(fake: &FakeUpstream, transcript: &Transcript, window: u32) -> Dri
         if tokens > limit {
             driven.over_window.push(format!("call {call}: {tokens} > {limit}"));
         }
+        if setting.compact_between_calls && tokens > limit / 2 {
+            let (status, record) = gateway.post_json("/strata/v1/compact", &json!({}), &[]).await;
+            if status != 200 {
+                driven.failed.push(format!("compaction after call {call}: {status} {record}"));
+            }
+        }
     }
     let metrics = gateway.metrics().await;
     driven.compactions = counter(&metrics, "strata_gateway_compactions_total");
@@ -86,19 +107,28 @@ async fn drive(fake: &FakeUpstream, transcript: &Transcript, window: u32) -> Dri
     driven
 }
 
-async fn drive_all(paths: Vec<PathBuf>, window: u32) {
+/// Drives every session in `paths` through its own gateway; returns the compactions in all.
+async fn drive_all(paths: Vec<PathBuf>, setting: Setting) -> u64 {
     let fake = FakeUpstream::start().await;
     let mut problems = Vec::new();
-    let mut total_calls = 0;
+    let (mut total_calls, mut compactions) = (0, 0);
+    let label = match setting.keep_recent_entries {
+        Some(keep) if setting.compact_between_calls => {
+            format!("window {}, keepRecentEntries {keep}, compacting between calls", setting.window)
+        }
+        Some(keep) => format!("window {}, keepRecentEntries {keep}", setting.window),
+        None => format!("window {}", setting.window),
+    };
     eprintln!(
-        "window {window}: session | calls | failed | invalid | over window | compactions | rewinds | peak tokens | messages reused"
+        "{label}: session | calls | failed | invalid | over window | compactions | rewinds | peak tokens | messages reused"
     );
     for path in &paths {
         let transcript = load(path);
-        let driven = drive(&fake, &transcript, window).await;
+        let driven = drive(&fake, &transcript, setting).await;
         total_calls += driven.calls;
+        compactions += driven.compactions;
         eprintln!(
-            "window {window}: {} | {} | {} | {} | {} | {} | {} | {} | {} of {}",
+            "{label}: {} | {} | {} | {} | {} | {} | {} | {} | {} of {}",
             transcript.name,
             driven.calls,
             driven.failed.len(),
@@ -110,9 +140,16 @@ async fn drive_all(paths: Vec<PathBuf>, window: u32) {
             driven.reused.0,
             driven.reused.1
         );
+        if driven.rewinds > 0 {
+            problems.push(format!(
+                "{}: {} rewinds, and the client never edited its history",
+                transcript.name, driven.rewinds
+            ));
+        }
         if driven.reused.0 != driven.reused.1 {
             problems.push(format!(
-                "{}: {} resent messages were taken from the memo, {} expected",
+                "{}: {} resent messages were taken from the memo, {} expected: some request was read \
+                 again whole, because the engine did not find turns it had journaled or summarised",
                 transcript.name, driven.reused.0, driven.reused.1
             ));
         }
@@ -127,6 +164,7 @@ async fn drive_all(paths: Vec<PathBuf>, window: u32) {
     }
     assert!(total_calls > 0);
     assert!(problems.is_empty(), "{} problems:\n{}", problems.len(), problems.join("\n"));
+    compactions
 }
 
 fn sessions() -> Option<Vec<PathBuf>> {
@@ -139,11 +177,25 @@ fn sessions() -> Option<Vec<PathBuf>> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_long_session_gets_every_answer_at_a_200k_window() {
     let Some(paths) = sessions() else { return };
-    drive_all(paths, 200_000).await;
+    drive_all(paths, Setting { window: 200_000, keep_recent_entries: None, compact_between_calls: false })
+        .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_long_session_gets_every_answer_at_a_32k_window_by_compacting() {
     let Some(paths) = sessions() else { return };
-    drive_all(paths, 32_000).await;
+    let setting = Setting { window: 32_000, keep_recent_entries: None, compact_between_calls: false };
+    let compactions = drive_all(paths, setting).await;
+    assert!(compactions > 0, "a 32k window makes the gateway compact");
+}
+
+/// The same at 32k with compactions between calls that keep none of the client's turns verbatim:
+/// each next request resends the summarised history and must extend the summary, not journal the
+/// history again (which refilled the window the compaction had just emptied, issue 20).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_long_session_extends_compactions_that_kept_none_of_its_turns() {
+    let Some(paths) = sessions() else { return };
+    let setting = Setting { window: 32_000, keep_recent_entries: Some(0), compact_between_calls: true };
+    let compactions = drive_all(paths, setting).await;
+    assert!(compactions > 0, "a 32k window makes the gateway compact");
 }

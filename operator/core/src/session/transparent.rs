@@ -206,10 +206,11 @@ impl TransparentIndex {
         let summaries = summaries(entries);
         // The numbers of the entries holding client turns, in order: built when first needed.
         let mut holder_numbers: Option<Vec<u64>> = None;
+        // The latest shared turn, with how many leading entries to keep for it.
         let shared = (0..first_known).rev().find_map(|turn| {
             let id = self.known.get(&chains[turn]).copied().flatten()?;
             if let Some(index) = position.get(&id) {
-                return Some((turn, *index));
+                return Some((turn, index + 1 + own_after(*index)));
             }
             let (summary, index) = folding_summary(&summaries, id)?;
             let numbers = holder_numbers.get_or_insert_with(|| {
@@ -220,10 +221,18 @@ impl TransparentIndex {
             // Any client turn journaled after this one and before the summary is one the request
             // no longer sends, and the summary may hold it.
             let newest_before_summary = numbers[..numbers.partition_point(|number| *number < summary)].last();
-            (newest_before_summary == Some(&id.number())).then_some((turn, index))
+            if newest_before_summary != Some(&id.number()) {
+                return None;
+            }
+            // After the summary stand Strata's own entries and the older turns the compaction kept
+            // verbatim; the first turn journaled after the summary is one the client never saw.
+            let kept_after = entries[index + 1..]
+                .iter()
+                .take_while(|entry| is_strata_own(entry, &self.holders) || entry.id.number() < summary)
+                .count();
+            Some((turn, index + 1 + kept_after))
         });
-        let (keep, first_new) =
-            shared.map_or((0, 0), |(turn, index)| (index + 1 + own_after(index), turn + 1));
+        let (keep, first_new) = shared.map_or((0, 0), |(turn, keep)| (keep, turn + 1));
         if keep == entries.len() && first_new == first_known {
             return Placement::Extends { first_new };
         }
@@ -366,6 +375,11 @@ mod tests {
             entry(EntryKind::Message, Role::User, "resume", 6),
         ];
         assert_eq!(index.locate(&chains, first_known, &compacted), Placement::Extends { first_new: 2 });
+
+        // Older turns the compaction kept verbatim stand after the summary, and stay.
+        let mut retained = compacted.to_vec();
+        retained.push(entry(EntryKind::Message, Role::User, "u1", 1));
+        assert_eq!(index.locate(&chains, first_known, &retained), Placement::Extends { first_new: 2 });
 
         // Entries the client never saw after the summary are dropped; the summary stays.
         let mut unseen = compacted.to_vec();
