@@ -500,8 +500,10 @@ impl SessionEngine {
         now_ms: u64,
     ) -> Result<Self, EngineError> {
         let state = StateDir::on_disk(Arc::clone(&storage), data_dir.join("gateway"))?;
-        let transparent = TransparentIndex::load(&data_dir.join("gateway").join("transparent-prefixes"))?;
-        let request_keys = RequestKeys::load(&data_dir.join("gateway").join("request-keys"))?;
+        let gateway_dir = data_dir.join("gateway");
+        let transparent =
+            TransparentIndex::load(Arc::clone(&storage), &gateway_dir.join("transparent-prefixes"))?;
+        let request_keys = RequestKeys::load(Arc::clone(&storage), &gateway_dir.join("request-keys"))?;
         let options = JournalOptions {
             sync_policy: SyncPolicy::Batched { max_pending: 0 },
             retain_generations: settings.retain_generations,

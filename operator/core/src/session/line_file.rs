@@ -1,79 +1,115 @@
-//! An append-only file of index lines beside the journal: kept open between appends, replaced
-//! whole by an atomic rename, and fsynced by a group commit through the descriptor it was written
-//! through.
+//! An append-only file of index lines beside the journal, on the journal's [`Storage`] seam: kept
+//! open between appends, replaced whole by an atomic rename, and fsynced by a group commit through
+//! the handle it was written through.
 
-use std::fs::{File, OpenOptions};
-use std::io::{Read, Seek, SeekFrom, Write};
+use std::io;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use crate::journal::Storage;
+use crate::journal::{AppendHandle, SharedSync, Storage};
 use crate::session::transparent::IndexError;
 
-/// A line file and, once something was appended, the descriptor appends go through.
-#[derive(Debug)]
+/// A line file and, once something was appended, the handle appends go through.
 pub(crate) struct LineFile {
     path: PathBuf,
-    open: Option<Arc<File>>,
+    storage: Arc<dyn Storage>,
+    open: Option<OpenLines>,
 }
 
-/// What a group commit fsyncs for a line file: the descriptor the appends went through, or the
-/// file by its path when no descriptor is open (nothing appended since the file was replaced).
-#[derive(Debug, Clone)]
+/// The handle of an open line file, with the one a group commit syncs it through (when the
+/// storage has one).
+struct OpenLines {
+    handle: Box<dyn AppendHandle>,
+    shared: Option<Arc<dyn SharedSync>>,
+}
+
+/// What a group commit fsyncs for a line file: the handle the appends went through, or the file by
+/// its path when there is none (nothing appended since the file was replaced, or a storage without
+/// shared handles, such as the fault-injecting ones of the tests).
+#[derive(Clone)]
 pub struct LineFileSync {
     /// The file, named in errors.
     pub path: PathBuf,
-    file: Option<Arc<File>>,
+    shared: Option<Arc<dyn SharedSync>>,
+}
+
+impl std::fmt::Debug for LineFile {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LineFile").field("path", &self.path).field("open", &self.open.is_some()).finish()
+    }
+}
+
+impl std::fmt::Debug for LineFileSync {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LineFileSync")
+            .field("path", &self.path)
+            .field("shared", &self.shared.is_some())
+            .finish()
+    }
+}
+
+/// The text of the line file at `path` on `storage`; empty when there is none. Bytes that are not
+/// UTF-8 are replaced, so a damaged line is skipped by its reader like a torn one.
+pub(crate) fn read_lines(storage: &dyn Storage, path: &Path) -> Result<String, IndexError> {
+    match storage.read(path) {
+        Ok(bytes) => Ok(String::from_utf8_lossy(&bytes).into_owned()),
+        Err(cause) if cause.kind() == io::ErrorKind::NotFound => Ok(String::new()),
+        Err(cause) => Err(IndexError::new(path, cause)),
+    }
 }
 
 impl LineFile {
-    /// The file at `path`; nothing is opened until the first append.
-    pub(crate) fn new(path: &Path) -> Self {
-        Self { path: path.to_owned(), open: None }
+    /// The file at `path` on `storage`; nothing is opened until the first append.
+    pub(crate) fn new(storage: Arc<dyn Storage>, path: &Path) -> Self {
+        Self { path: path.to_owned(), storage, open: None }
     }
 
     /// Appends `text` (whole lines) at the end of the file, creating it when missing. Durable once
-    /// [`Self::sync_target`]'s sync returns. After a failed write the descriptor is dropped, so the
+    /// [`Self::sync_target`]'s sync returns. After a failed write the handle is dropped, so the
     /// next append opens the file again.
     pub(crate) fn append(&mut self, text: &str) -> Result<(), IndexError> {
-        let file = match &self.open {
-            Some(file) => Arc::clone(file),
+        let open = match &mut self.open {
+            Some(open) => open,
             None => {
-                let file = Arc::new(open_at_a_line_start(&self.path).map_err(|cause| self.error(cause))?);
-                self.open = Some(Arc::clone(&file));
-                file
+                let handle =
+                    open_at_a_line_start(&*self.storage, &self.path).map_err(|cause| self.error(cause))?;
+                let shared = handle.shared_sync();
+                self.open.insert(OpenLines { handle, shared })
             }
         };
-        (&*file).write_all(text.as_bytes()).map_err(|cause| {
+        open.handle.append(text.as_bytes()).map_err(|cause| {
             self.open = None;
             self.error(cause)
         })
     }
 
     /// Replaces the whole file with `text` durably (temporary file, fsync, rename, directory
-    /// fsync). The old descriptor names the replaced file, so it is dropped.
+    /// fsync). The old handle names the replaced file, so it is dropped.
     pub(crate) fn replace(&mut self, text: &str) -> Result<(), IndexError> {
         self.open = None;
-        replace_file(&self.path, text).map_err(|cause| self.error(cause))
+        replace_file(&*self.storage, &self.path, text).map_err(|cause| self.error(cause))
     }
 
     /// `cause`, naming this file.
-    fn error(&self, cause: std::io::Error) -> IndexError {
+    fn error(&self, cause: io::Error) -> IndexError {
         IndexError::new(&self.path, cause)
     }
 
     /// What makes every append so far durable.
     pub(crate) fn sync_target(&self) -> LineFileSync {
-        LineFileSync { path: self.path.clone(), file: self.open.clone() }
+        LineFileSync {
+            path: self.path.clone(),
+            shared: self.open.as_ref().and_then(|open| open.shared.clone()),
+        }
     }
 }
 
 impl LineFileSync {
-    /// Fsyncs the file's data through its open descriptor (an append-only file needs no more
-    /// than `fdatasync`: its length is data), or by its path on `storage`.
-    pub fn sync(&self, storage: &dyn Storage) -> std::io::Result<()> {
-        match &self.file {
-            Some(file) => file.sync_data(),
+    /// Fsyncs the file's data through the handle its appends went through, or by its path on
+    /// `storage`.
+    pub fn sync(&self, storage: &dyn Storage) -> io::Result<()> {
+        match &self.shared {
+            Some(shared) => shared.sync(),
             None => storage.sync_file(&self.path),
         }
     }
@@ -83,46 +119,38 @@ impl LineFileSync {
 /// a crash), so that the next line is not glued onto the fragment and lost with it when the file is
 /// read. A file it creates has its directory fsynced too, so that the name survives a power loss
 /// along with the lines the group commits make durable.
-fn open_at_a_line_start(path: &Path) -> std::io::Result<File> {
-    let options = || {
-        let mut options = OpenOptions::new();
-        options.read(true).append(true);
-        options
-    };
-    let mut file = match options().create_new(true).open(path) {
-        Ok(created) => {
-            sync_parent(path)?;
-            return Ok(created);
+fn open_at_a_line_start(storage: &dyn Storage, path: &Path) -> io::Result<Box<dyn AppendHandle>> {
+    let torn = match storage.file_len(path) {
+        Ok(Some(0)) => false,
+        Ok(_) => storage.read(path)?.last().is_some_and(|last| *last != b'\n'),
+        Err(error) if error.kind() == io::ErrorKind::NotFound => {
+            let handle = storage.open_append(path)?;
+            sync_parent(storage, path)?;
+            return Ok(handle);
         }
-        Err(error) if error.kind() == std::io::ErrorKind::AlreadyExists => options().open(path)?,
         Err(error) => return Err(error),
     };
-    if file.metadata()?.len() > 0 {
-        let mut last = [0u8; 1];
-        file.seek(SeekFrom::End(-1))?;
-        file.read_exact(&mut last)?;
-        if last != *b"\n" {
-            file.write_all(b"\n")?;
-        }
+    let mut handle = storage.open_append(path)?;
+    if torn {
+        handle.append(b"\n")?;
     }
-    Ok(file)
+    Ok(handle)
 }
 
 /// Replaces the file at `path` with `text` durably: a temporary file, synced, renamed over it, and
 /// the directory synced, so a crash leaves the old file or the whole new one.
-fn replace_file(path: &Path, text: &str) -> std::io::Result<()> {
+fn replace_file(storage: &dyn Storage, path: &Path, text: &str) -> io::Result<()> {
     let tmp = path.with_extension("tmp");
-    let mut file = File::create(&tmp)?;
-    file.write_all(text.as_bytes())?;
-    file.sync_all()?;
-    std::fs::rename(&tmp, path)?;
-    sync_parent(path)
+    storage.write_file(&tmp, text.as_bytes())?;
+    storage.sync_file(&tmp)?;
+    storage.rename(&tmp, path)?;
+    sync_parent(storage, path)
 }
 
 /// Fsyncs the directory holding `path`, making a create or rename there durable.
-fn sync_parent(path: &Path) -> std::io::Result<()> {
+fn sync_parent(storage: &dyn Storage, path: &Path) -> io::Result<()> {
     match path.parent() {
-        Some(dir) if !dir.as_os_str().is_empty() => File::open(dir)?.sync_all(),
+        Some(dir) if !dir.as_os_str().is_empty() => storage.sync_dir(dir),
         _ => Ok(()),
     }
 }
@@ -131,28 +159,32 @@ fn sync_parent(path: &Path) -> std::io::Result<()> {
 mod tests {
     #![allow(clippy::unwrap_used)]
     use super::*;
-    use crate::journal::StdStorage;
+    use crate::journal::{LockOutcome, StdStorage};
+
+    fn std_storage() -> Arc<dyn Storage> {
+        Arc::new(StdStorage)
+    }
 
     #[test]
-    fn appends_go_through_one_descriptor_and_a_replacement_starts_a_new_one() {
+    fn appends_go_through_one_handle_and_a_replacement_starts_a_new_one() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("lines");
-        let mut file = LineFile::new(&path);
-        assert!(file.sync_target().file.is_none(), "nothing is opened before the first append");
+        let mut file = LineFile::new(std_storage(), &path);
+        assert!(file.sync_target().shared.is_none(), "nothing is opened before the first append");
         file.append("a\n").unwrap();
         let first = file.sync_target();
         file.append("b\n").unwrap();
         let second = file.sync_target();
-        assert!(Arc::ptr_eq(first.file.as_ref().unwrap(), second.file.as_ref().unwrap()));
+        assert!(Arc::ptr_eq(first.shared.as_ref().unwrap(), second.shared.as_ref().unwrap()));
         second.sync(&StdStorage).unwrap();
         assert_eq!(std::fs::read_to_string(&path).unwrap(), "a\nb\n");
 
         file.replace("c\n").unwrap();
-        assert!(file.sync_target().file.is_none(), "the replaced file's descriptor is let go");
+        assert!(file.sync_target().shared.is_none(), "the replaced file's handle is let go");
         file.sync_target().sync(&StdStorage).unwrap();
         file.append("d\n").unwrap();
         assert_eq!(std::fs::read_to_string(&path).unwrap(), "c\nd\n", "appends land in the new file");
-        // A descriptor taken before the replacement syncs the old file and fails nothing.
+        // A handle taken before the replacement syncs the old file and fails nothing.
         first.sync(&StdStorage).unwrap();
     }
 
@@ -161,24 +193,105 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("lines");
         std::fs::write(&path, "whole\ntor").unwrap();
-        let mut file = LineFile::new(&path);
+        let mut file = LineFile::new(std_storage(), &path);
         file.append("next\n").unwrap();
         assert_eq!(std::fs::read_to_string(&path).unwrap(), "whole\ntor\nnext\n");
         // A file that ends a line is appended to as it is.
-        let mut again = LineFile::new(&path);
+        let mut again = LineFile::new(std_storage(), &path);
         again.append("last\n").unwrap();
         assert_eq!(std::fs::read_to_string(&path).unwrap(), "whole\ntor\nnext\nlast\n");
+        assert_eq!(read_lines(&StdStorage, &path).unwrap(), "whole\ntor\nnext\nlast\n");
+        assert_eq!(
+            read_lines(&StdStorage, &dir.path().join("none")).unwrap(),
+            "",
+            "a missing file has no lines"
+        );
     }
 
     #[test]
     fn an_append_that_cannot_open_the_file_says_so_and_a_later_one_retries() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("missing-dir").join("lines");
-        let mut file = LineFile::new(&path);
-        assert!(file.append("a\n").is_err());
-        assert!(file.sync_target().file.is_none());
+        let mut file = LineFile::new(std_storage(), &path);
+        let error = file.append("a\n").unwrap_err();
+        assert!(error.to_string().contains("missing-dir"), "{error}");
+        assert!(file.sync_target().shared.is_none());
         std::fs::create_dir(dir.path().join("missing-dir")).unwrap();
         file.append("b\n").unwrap();
         assert_eq!(std::fs::read_to_string(&path).unwrap(), "b\n");
+    }
+
+    /// The real file system, whose handles offer no shared sync and whose fsyncs fail: what the
+    /// fault-injecting storages of the tests look like to a line file.
+    struct FsyncFails;
+
+    struct PlainHandle(Box<dyn AppendHandle>);
+
+    impl AppendHandle for PlainHandle {
+        fn append(&mut self, data: &[u8]) -> io::Result<()> {
+            self.0.append(data)
+        }
+        fn sync(&mut self) -> io::Result<()> {
+            Err(io::Error::other("injected fsync failure"))
+        }
+    }
+
+    impl Storage for FsyncFails {
+        fn read(&self, path: &Path) -> io::Result<Vec<u8>> {
+            StdStorage.read(path)
+        }
+        fn exists(&self, path: &Path) -> io::Result<bool> {
+            StdStorage.exists(path)
+        }
+        fn list_dir(&self, path: &Path) -> io::Result<Vec<String>> {
+            StdStorage.list_dir(path)
+        }
+        fn file_len(&self, path: &Path) -> io::Result<Option<u64>> {
+            StdStorage.file_len(path)
+        }
+        fn create_dir_all(&self, path: &Path) -> io::Result<()> {
+            StdStorage.create_dir_all(path)
+        }
+        fn write_file(&self, path: &Path, data: &[u8]) -> io::Result<()> {
+            StdStorage.write_file(path, data)
+        }
+        fn open_append(&self, path: &Path) -> io::Result<Box<dyn AppendHandle>> {
+            Ok(Box::new(PlainHandle(StdStorage.open_append(path)?)))
+        }
+        fn truncate(&self, path: &Path, len: u64) -> io::Result<()> {
+            StdStorage.truncate(path, len)
+        }
+        fn sync_file(&self, _path: &Path) -> io::Result<()> {
+            Err(io::Error::other("injected fsync failure"))
+        }
+        fn sync_dir(&self, path: &Path) -> io::Result<()> {
+            StdStorage.sync_dir(path)
+        }
+        fn rename(&self, from: &Path, to: &Path) -> io::Result<()> {
+            StdStorage.rename(from, to)
+        }
+        fn remove_file(&self, path: &Path) -> io::Result<()> {
+            StdStorage.remove_file(path)
+        }
+        fn remove_dir(&self, path: &Path) -> io::Result<()> {
+            StdStorage.remove_dir(path)
+        }
+        fn try_lock(&self, path: &Path, holder: &str) -> io::Result<LockOutcome> {
+            StdStorage.try_lock(path, holder)
+        }
+    }
+
+    #[test]
+    fn on_a_storage_without_shared_handles_commits_sync_by_path_and_its_faults_reach_them() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("lines");
+        let mut file = LineFile::new(Arc::new(FsyncFails), &path);
+        file.append("a\n").unwrap();
+        let target = file.sync_target();
+        assert!(target.shared.is_none(), "no shared handle to sync through");
+        let error = target.sync(&FsyncFails).unwrap_err();
+        assert!(error.to_string().contains("injected"), "{error}");
+        assert!(file.replace("b\n").is_err(), "a replacement is fsynced on the storage too");
+        assert_eq!(std::fs::read_to_string(&path).unwrap(), "a\n", "a failed replacement leaves the file");
     }
 }

@@ -11,11 +11,13 @@
 
 use std::collections::HashMap;
 use std::path::Path;
+use std::sync::Arc;
 
 use sha2::{Digest, Sha256};
 
 use crate::entry::EntryId;
-use crate::session::line_file::{LineFile, LineFileSync};
+use crate::journal::Storage;
+use crate::session::line_file::{LineFile, LineFileSync, read_lines};
 use crate::session::transparent::{ChainHash, IndexError, chain};
 use crate::session::turn::Turn;
 
@@ -104,35 +106,27 @@ impl RequestKeys {
         Self { keys: HashMap::new(), lines: 0, file: None }
     }
 
-    /// Loads the keys at `path` (absent means none). A line that does not parse is a torn final
-    /// write and is skipped.
-    pub fn load(path: &Path) -> Result<Self, IndexError> {
+    /// Loads the keys at `path` on `storage` (absent means none). A line that does not parse is a
+    /// torn final write and is skipped.
+    pub fn load(storage: Arc<dyn Storage>, path: &Path) -> Result<Self, IndexError> {
         let mut keys = HashMap::new();
         let mut lines = 0;
-        match std::fs::read_to_string(path) {
-            Ok(text) => {
-                for line in text.lines() {
-                    lines += 1;
-                    let mut fields = line.split_whitespace();
-                    let (Some(key), Some(entry), Some(digest)) =
-                        (fields.next(), fields.next(), fields.next())
-                    else {
-                        continue;
-                    };
-                    let (mut key_value, mut digest_value) = ([0u8; 32], [0u8; 32]);
-                    let Ok(first_entry) = entry.parse::<EntryId>() else { continue };
-                    if hex::decode_to_slice(key, &mut key_value).is_err()
-                        || hex::decode_to_slice(digest, &mut digest_value).is_err()
-                    {
-                        continue;
-                    }
-                    keys.insert(key_value, KeyedTurn { first_entry, digest: digest_value });
-                }
+        for line in read_lines(&*storage, path)?.lines() {
+            lines += 1;
+            let mut fields = line.split_whitespace();
+            let (Some(key), Some(entry), Some(digest)) = (fields.next(), fields.next(), fields.next()) else {
+                continue;
+            };
+            let (mut key_value, mut digest_value) = ([0u8; 32], [0u8; 32]);
+            let Ok(first_entry) = entry.parse::<EntryId>() else { continue };
+            if hex::decode_to_slice(key, &mut key_value).is_err()
+                || hex::decode_to_slice(digest, &mut digest_value).is_err()
+            {
+                continue;
             }
-            Err(cause) if cause.kind() == std::io::ErrorKind::NotFound => {}
-            Err(cause) => return Err(IndexError::new(path, cause)),
+            keys.insert(key_value, KeyedTurn { first_entry, digest: digest_value });
         }
-        Ok(Self { keys, lines, file: Some(LineFile::new(path)) })
+        Ok(Self { keys, lines, file: Some(LineFile::new(storage, path)) })
     }
 
     /// How a request with `key` and messages `turns` relates to the turns keyed before.

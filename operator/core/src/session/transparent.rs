@@ -13,9 +13,11 @@
 
 use std::collections::{HashMap, HashSet};
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use crate::entry::{Entry, EntryId, EntryKind, Role, content_hash};
-use crate::session::line_file::{LineFile, LineFileSync};
+use crate::journal::Storage;
+use crate::session::line_file::{LineFile, LineFileSync, read_lines};
 use crate::session::tool_schema::is_memory_tool;
 use sha2::{Digest, Sha256};
 
@@ -118,33 +120,26 @@ impl TransparentIndex {
         Self { known: HashMap::new(), holders: HashSet::new(), file: None }
     }
 
-    /// Loads the index at `path` (absent means empty). Lines that are not 64 hex digits are a torn
-    /// final write and are ignored.
-    pub fn load(path: &Path) -> Result<Self, IndexError> {
-        let error = |cause| IndexError::new(path, cause);
+    /// Loads the index at `path` on `storage` (absent means empty). Lines that are not 64 hex
+    /// digits are a torn final write and are ignored.
+    pub fn load(storage: Arc<dyn Storage>, path: &Path) -> Result<Self, IndexError> {
         let mut known = HashMap::new();
         let mut holders = HashSet::new();
-        match std::fs::read_to_string(path) {
-            Ok(text) => {
-                for line in text.lines() {
-                    let mut fields = line.split_whitespace();
-                    let mut value = [0u8; 32];
-                    let Some(chain_hex) = fields.next() else { continue };
-                    if hex::decode_to_slice(chain_hex, &mut value).is_err() {
-                        continue;
-                    }
-                    let entry = fields.next().and_then(|id| id.parse::<EntryId>().ok());
-                    let slot = known.entry(value).or_insert(None);
-                    if let Some(id) = entry {
-                        *slot = Some(id);
-                        holders.insert(id);
-                    }
-                }
+        for line in read_lines(&*storage, path)?.lines() {
+            let mut fields = line.split_whitespace();
+            let mut value = [0u8; 32];
+            let Some(chain_hex) = fields.next() else { continue };
+            if hex::decode_to_slice(chain_hex, &mut value).is_err() {
+                continue;
             }
-            Err(cause) if cause.kind() == std::io::ErrorKind::NotFound => {}
-            Err(cause) => return Err(error(cause)),
+            let entry = fields.next().and_then(|id| id.parse::<EntryId>().ok());
+            let slot = known.entry(value).or_insert(None);
+            if let Some(id) = entry {
+                *slot = Some(id);
+                holders.insert(id);
+            }
         }
-        Ok(Self { known, holders, file: Some(LineFile::new(path)) })
+        Ok(Self { known, holders, file: Some(LineFile::new(storage, path)) })
     }
 
     /// The chain values of `turns` and the index of the first turn that is not yet journaled.
