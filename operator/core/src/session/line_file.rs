@@ -159,7 +159,8 @@ fn sync_parent(storage: &dyn Storage, path: &Path) -> io::Result<()> {
 mod tests {
     #![allow(clippy::unwrap_used)]
     use super::*;
-    use crate::journal::{LockOutcome, StdStorage};
+    use crate::journal::StdStorage;
+    use crate::journal::sim::{Fault, OpKind, SimStorage};
 
     fn std_storage() -> Arc<dyn Storage> {
         Arc::new(StdStorage)
@@ -221,77 +222,52 @@ mod tests {
         assert_eq!(std::fs::read_to_string(&path).unwrap(), "b\n");
     }
 
-    /// The real file system, whose handles offer no shared sync and whose fsyncs fail: what the
-    /// fault-injecting storages of the tests look like to a line file.
-    struct FsyncFails;
-
-    struct PlainHandle(Box<dyn AppendHandle>);
-
-    impl AppendHandle for PlainHandle {
-        fn append(&mut self, data: &[u8]) -> io::Result<()> {
-            self.0.append(data)
+    /// Lines committed through the sync target survive a simulated power loss at any moment; the
+    /// created file's name does too.
+    fn committed_lines_survive(commit: bool, seed: u64) -> bool {
+        let sim = SimStorage::new();
+        sim.create_dir_all(Path::new("/data")).unwrap();
+        sim.sync_dir(Path::new("/")).unwrap();
+        let path = Path::new("/data/lines");
+        let mut file = LineFile::new(Arc::new(sim.clone()), path);
+        file.append("first\n").unwrap();
+        file.append("second\n").unwrap();
+        if commit {
+            file.sync_target().sync(&sim).unwrap();
         }
-        fn sync(&mut self) -> io::Result<()> {
-            Err(io::Error::other("injected fsync failure"))
-        }
-    }
-
-    impl Storage for FsyncFails {
-        fn read(&self, path: &Path) -> io::Result<Vec<u8>> {
-            StdStorage.read(path)
-        }
-        fn exists(&self, path: &Path) -> io::Result<bool> {
-            StdStorage.exists(path)
-        }
-        fn list_dir(&self, path: &Path) -> io::Result<Vec<String>> {
-            StdStorage.list_dir(path)
-        }
-        fn file_len(&self, path: &Path) -> io::Result<Option<u64>> {
-            StdStorage.file_len(path)
-        }
-        fn create_dir_all(&self, path: &Path) -> io::Result<()> {
-            StdStorage.create_dir_all(path)
-        }
-        fn write_file(&self, path: &Path, data: &[u8]) -> io::Result<()> {
-            StdStorage.write_file(path, data)
-        }
-        fn open_append(&self, path: &Path) -> io::Result<Box<dyn AppendHandle>> {
-            Ok(Box::new(PlainHandle(StdStorage.open_append(path)?)))
-        }
-        fn truncate(&self, path: &Path, len: u64) -> io::Result<()> {
-            StdStorage.truncate(path, len)
-        }
-        fn sync_file(&self, _path: &Path) -> io::Result<()> {
-            Err(io::Error::other("injected fsync failure"))
-        }
-        fn sync_dir(&self, path: &Path) -> io::Result<()> {
-            StdStorage.sync_dir(path)
-        }
-        fn rename(&self, from: &Path, to: &Path) -> io::Result<()> {
-            StdStorage.rename(from, to)
-        }
-        fn remove_file(&self, path: &Path) -> io::Result<()> {
-            StdStorage.remove_file(path)
-        }
-        fn remove_dir(&self, path: &Path) -> io::Result<()> {
-            StdStorage.remove_dir(path)
-        }
-        fn try_lock(&self, path: &Path, holder: &str) -> io::Result<LockOutcome> {
-            StdStorage.try_lock(path, holder)
-        }
+        sim.crash(seed);
+        read_lines(&sim, path).unwrap() == "first\nsecond\n"
     }
 
     #[test]
-    fn on_a_storage_without_shared_handles_commits_sync_by_path_and_its_faults_reach_them() {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("lines");
-        let mut file = LineFile::new(Arc::new(FsyncFails), &path);
+    fn a_commit_makes_the_appended_lines_and_the_new_file_durable() {
+        assert!(
+            (0..20).all(|seed| committed_lines_survive(true, seed)),
+            "committed lines survive every crash"
+        );
+        assert!(
+            (0..20).any(|seed| !committed_lines_survive(false, seed)),
+            "without the commit some crash loses them, so the commit is what kept them"
+        );
+    }
+
+    #[test]
+    fn storage_faults_reach_commits_and_replacements_and_name_the_file() {
+        let sim = SimStorage::new();
+        sim.create_dir_all(Path::new("/data")).unwrap();
+        let path = Path::new("/data/lines");
+        let mut file = LineFile::new(Arc::new(sim.clone()), path);
         file.append("a\n").unwrap();
-        let target = file.sync_target();
-        assert!(target.shared.is_none(), "no shared handle to sync through");
-        let error = target.sync(&FsyncFails).unwrap_err();
-        assert!(error.to_string().contains("injected"), "{error}");
-        assert!(file.replace("b\n").is_err(), "a replacement is fsynced on the storage too");
-        assert_eq!(std::fs::read_to_string(&path).unwrap(), "a\n", "a failed replacement leaves the file");
+        sim.set_fault(Some(Fault { kind: Some(OpKind::Fsync), nth: 1, then_crash: false }));
+        assert!(file.sync_target().sync(&sim).is_err(), "the commit's fsync fails");
+        sim.set_fault(Some(Fault { kind: Some(OpKind::Rename), nth: 1, then_crash: false }));
+        let error = file.replace("b\n").unwrap_err();
+        assert!(error.to_string().contains("/data/lines"), "{error}");
+        assert_eq!(read_lines(&sim, path).unwrap(), "a\n", "a failed replacement leaves the file");
+        sim.set_fault(Some(Fault { kind: Some(OpKind::Write), nth: 1, then_crash: false }));
+        assert!(file.append("c\n").is_err());
+        sim.set_fault(None);
+        file.append("d\n").unwrap();
+        assert_eq!(read_lines(&sim, path).unwrap(), "a\nd\n", "the next append opens the file again");
     }
 }
