@@ -314,16 +314,15 @@ async fn a_stateful_turn_resent_with_its_idempotency_key_is_journaled_once() {
     assert_all_valid(&fake, Api::OpenAi);
 }
 
-/// A compaction that keeps none of the client's turns (`keepRecentEntries: 0`) leaves the summary
-/// alone in the journal. The client's next request resends the history the summary covers and
-/// extends the journal after it: upstream gets the summary and the new turn, not the old turns
-/// again, and nothing is rewound. Before, the request was taken for a new conversation, which
-/// dropped the summary and journaled the whole history again.
-#[tokio::test]
-async fn a_history_a_compaction_summarised_whole_is_not_journaled_again() {
-    let fake = FakeUpstream::start().await;
-    fake.script(["a0", "a1", "a2", "a3", "a4"].map(|t| Reply::Text(t.into())));
-    let gateway = Harness::start(&fake, Provider::OpenAI, |config| {
+/// A gateway whose compaction keeps none of the client's turns (`keepRecentEntries: 0`), after three
+/// turns answered "a0" to "a2" and compacted over HTTP; the upstream answers `then` afterwards.
+/// Returns the gateway and the client's history.
+async fn summarised_conversation<const N: usize>(
+    fake: &FakeUpstream,
+    then: [&str; N],
+) -> (Harness, Vec<Value>) {
+    fake.script(["a0", "a1", "a2"].into_iter().chain(then).map(|t| Reply::Text(t.into())));
+    let gateway = Harness::start(fake, Provider::OpenAI, |config| {
         config.policy.compaction.keep_recent_entries = 0;
     })
     .await;
@@ -335,6 +334,18 @@ async fn a_history_a_compaction_summarised_whole_is_not_journaled_again() {
     }
     let (status, record) = gateway.post_json("/strata/v1/compact", &json!({}), &[]).await;
     assert_eq!(status, 200, "{record}");
+    (gateway, history)
+}
+
+/// A compaction that keeps none of the client's turns (`keepRecentEntries: 0`) leaves the summary
+/// alone in the journal. The client's next request resends the history the summary covers and
+/// extends the journal after it: upstream gets the summary and the new turn, not the old turns
+/// again, and nothing is rewound. Before, the request was taken for a new conversation, which
+/// dropped the summary and journaled the whole history again.
+#[tokio::test]
+async fn a_history_a_compaction_summarised_whole_is_not_journaled_again() {
+    let fake = FakeUpstream::start().await;
+    let (gateway, mut history) = summarised_conversation(&fake, ["a3", "a4"]).await;
     let generation = gateway.get_json("/strata/v1/status").await["generation"].clone();
     let compacted = gateway.entries().await;
     let is_summary = |entry: &Value| entry["id"].as_str().unwrap().starts_with("summary_");
@@ -376,19 +387,7 @@ async fn a_history_a_compaction_summarised_whole_is_not_journaled_again() {
 #[tokio::test]
 async fn an_edit_of_a_summarised_turn_goes_upstream_as_the_clients_own_conversation() {
     let fake = FakeUpstream::start().await;
-    fake.script(["a0", "a1", "a2", "a1 again"].map(|t| Reply::Text(t.into())));
-    let gateway = Harness::start(&fake, Provider::OpenAI, |config| {
-        config.policy.compaction.keep_recent_entries = 0;
-    })
-    .await;
-    let mut history = Vec::new();
-    for step in 0..3 {
-        history.push(user(&format!("Step {step}: decided to keep the API stable.")));
-        let answer = send(&gateway, &history).await;
-        history.push(answer);
-    }
-    let (status, record) = gateway.post_json("/strata/v1/compact", &json!({}), &[]).await;
-    assert_eq!(status, 200, "{record}");
+    let (gateway, mut history) = summarised_conversation(&fake, ["a1 again"]).await;
     let parsed_before = messages_read(&gateway.metrics().await, "parsed");
 
     history.truncate(2);
