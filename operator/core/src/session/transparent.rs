@@ -172,19 +172,21 @@ impl TransparentIndex {
     /// stands, when it is the newest client turn the summary can hold: a request resending the
     /// history a compaction summarised whole extends the journal after the summary. Otherwise it
     /// diverged, and the journal is rewound to the latest known turn the generation still holds
-    /// (with Strata's own entries right after it); when none is (a new conversation, an edit of a
-    /// summarised turn, a rollback to before every shared turn) to nothing, and the whole request
-    /// is journaled again: a summary that holds turns the client no longer sends is never spliced
-    /// onto its conversation.
+    /// (with Strata's own entries right after it). A compaction's summary that stands after that
+    /// turn and holds only older turns (a retry or an edit of a kept-recent turn after a
+    /// compaction) stays, as the keyed retries of Stateful clients keep it: dropping it would lose
+    /// the turns it holds, which the client resends as already journaled. When no shared turn is
+    /// left (a new conversation, an edit of a summarised turn, a rollback to before every shared
+    /// turn) the journal is rewound to nothing and the whole request is journaled again: a
+    /// summary of turns the client no longer sends is not spliced onto its conversation.
     pub fn locate(&self, chains: &[ChainHash], first_known: usize, entries: &[Entry]) -> Placement {
-        let own_after = |index: usize| {
-            entries[index + 1..].iter().take_while(|entry| is_strata_own(entry, &self.holders)).count()
-        };
+        let summary_positions = summaries(entries);
         // The last entry that is not Strata's own: the request extends the journal when that is
         // the entry holding its last known turn. Only the journal's tail is read.
         let last_foreign = entries.iter().rposition(|entry| !is_strata_own(entry, &self.holders));
         if first_known == 0 {
-            if last_foreign.is_none() {
+            // Nothing but Strata's own entries, and none a summary of another conversation.
+            if last_foreign.is_none() && summary_positions.is_empty() {
                 return Placement::Extends { first_new: 0 };
             }
         } else {
@@ -198,32 +200,73 @@ impl TransparentIndex {
         }
         let position: HashMap<EntryId, usize> =
             entries.iter().enumerate().map(|(index, entry)| (entry.id, index)).collect();
-        let summaries = summaries(entries);
-        // The numbers of the entries holding client turns, in order: built when first needed.
-        let mut holder_numbers: Option<Vec<u64>> = None;
+        // The numbers of the entries holding client turns, in order, and of those the generation
+        // does not hold (folded into a summary, or dropped): built when first needed.
+        let holder_numbers = std::cell::OnceCell::new();
+        let numbers = || {
+            holder_numbers.get_or_init(|| {
+                let mut all: Vec<u64> = self.holders.iter().map(EntryId::number).collect();
+                all.sort_unstable();
+                let absent: Vec<u64> = self
+                    .holders
+                    .iter()
+                    .filter(|id| !position.contains_key(id))
+                    .map(EntryId::number)
+                    .collect();
+                (all, absent)
+            })
+        };
         // The latest shared turn, with how many leading entries to keep for it.
         let shared = (0..first_known).rev().find_map(|turn| {
             let id = self.known.get(&chains[turn]).copied().flatten()?;
             if let Some(index) = position.get(&id) {
-                return Some((turn, index + 1 + own_after(*index)));
+                // Whether the summary numbered `summary` may hold a client turn newer than this one
+                // (one the request no longer sends).
+                let holds_newer = |summary: u64| {
+                    numbers().1.iter().any(|number| *number > id.number() && *number < summary)
+                };
+                // The entries to keep through `index`: Strata's own after it, up to a summary
+                // that may hold a turn the client no longer sends.
+                let keep_through = |index: usize| {
+                    let own = entries[index + 1..].iter().take_while(|entry| {
+                        let newer_summary = entry.id.kind() == EntryKind::Summary
+                            && entry.id.number() > id.number()
+                            && holds_newer(entry.id.number());
+                        is_strata_own(entry, &self.holders) && !newer_summary
+                    });
+                    index + 1 + own.count()
+                };
+                let keep = keep_through(*index);
+                // A summary after the kept entries, made since this turn was journaled, that holds
+                // no client turn newer than it: it holds the older turns the client still sends.
+                let later_summary = summary_positions
+                    .iter()
+                    .rev()
+                    .find(|(number, summary)| *summary >= keep && *number > id.number());
+                if let Some(&(summary, summary_index)) = later_summary
+                    && !holds_newer(summary)
+                {
+                    return Some((turn, keep_through(summary_index)));
+                }
+                return Some((turn, keep));
             }
-            let (summary, index) = folding_summary(&summaries, id)?;
-            let numbers = holder_numbers.get_or_insert_with(|| {
-                let mut numbers: Vec<u64> = self.holders.iter().map(EntryId::number).collect();
-                numbers.sort_unstable();
-                numbers
-            });
+            let (summary, index) = folding_summary(&summary_positions, id)?;
+            let (all, _) = numbers();
             // Any client turn journaled after this one and before the summary is one the request
             // no longer sends, and the summary may hold it.
-            let newest_before_summary = numbers[..numbers.partition_point(|number| *number < summary)].last();
+            let newest_before_summary = all[..all.partition_point(|number| *number < summary)].last();
             if newest_before_summary != Some(&id.number()) {
                 return None;
             }
             // After the summary stand Strata's own entries and the older turns the compaction kept
-            // verbatim; the first turn journaled after the summary is one the client never saw.
+            // verbatim; the first turn journaled after the summary is one the client never saw, and
+            // a later summary (a purge) may hold such turns.
             let kept_after = entries[index + 1..]
                 .iter()
-                .take_while(|entry| is_strata_own(entry, &self.holders) || entry.id.number() < summary)
+                .take_while(|entry| {
+                    let later_summary = entry.id.kind() == EntryKind::Summary && entry.id.number() > summary;
+                    !later_summary && (is_strata_own(entry, &self.holders) || entry.id.number() < summary)
+                })
                 .count();
             Some((turn, index + 1 + kept_after))
         });
@@ -409,6 +452,98 @@ mod tests {
         // Resent unedited, it extends the summary.
         let (chains, first_known) = index.split(&history, &[]);
         assert_eq!(index.locate(&chains, first_known, &compacted), Placement::Extends { first_new: 4 });
+    }
+
+    fn six_turns() -> Vec<Turn> {
+        ["u1", "a1", "u2", "a2", "u3", "a3"]
+            .iter()
+            .enumerate()
+            .map(|(index, text)| turn(if index % 2 == 0 { Role::User } else { Role::Assistant }, text))
+            .collect()
+    }
+
+    #[test]
+    fn a_retry_after_a_compaction_keeps_the_summary_of_the_older_turns() {
+        let mut history = six_turns();
+        history.extend([turn(Role::User, "u4"), turn(Role::Assistant, "a4")]);
+        let (index, _) = knowing(&history, &[1, 2, 3, 4, 5, 6, 9, 10]);
+        // The compaction kept u3 and a3 and placed its summary of turns 1 to 4 after them.
+        let mut compacted = vec![
+            entry(EntryKind::Message, Role::User, "u3", 5),
+            entry(EntryKind::Message, Role::Assistant, "a3", 6),
+            entry(EntryKind::Summary, Role::User, "summary", 7),
+            entry(EntryKind::Message, Role::User, "resume", 8),
+        ];
+        // The client regenerates a3: it sends its history up to u3.
+        let (chains, first_known) = index.split(&history[..5], &[]);
+        assert_eq!(first_known, 5);
+        assert_eq!(index.locate(&chains, first_known, &compacted), Placement::Extends { first_new: 5 });
+        // Turns journaled after the summary that the client never saw go; the summary stays.
+        compacted.push(entry(EntryKind::Message, Role::User, "u4", 9));
+        compacted.push(entry(EntryKind::Message, Role::Assistant, "a4", 10));
+        assert_eq!(
+            index.locate(&chains, first_known, &compacted),
+            Placement::Diverged { keep: 4, first_new: 5, dropped: 2 }
+        );
+    }
+
+    #[test]
+    fn a_summary_holding_a_turn_newer_than_the_shared_one_is_not_spliced() {
+        let mut history = six_turns();
+        history.extend([turn(Role::User, "u4"), turn(Role::Assistant, "a4")]);
+        let (index, _) = knowing(&history, &[1, 2, 3, 4, 5, 6, 9, 10]);
+        // A summary that holds a3 (and so is newer than the kept u3), and u4 after it.
+        let compacted = [
+            entry(EntryKind::Message, Role::User, "u3", 5),
+            entry(EntryKind::Summary, Role::User, "summary", 7),
+            entry(EntryKind::Message, Role::User, "resume", 8),
+            entry(EntryKind::Message, Role::User, "u4", 9),
+        ];
+        // The client regenerates a3.
+        let (chains, first_known) = index.split(&history[..5], &[]);
+        assert_eq!(
+            index.locate(&chains, first_known, &compacted),
+            Placement::Diverged { keep: 1, first_new: 5, dropped: 3 }
+        );
+    }
+
+    #[test]
+    fn a_new_conversation_does_not_extend_another_ones_summary() {
+        let (index, _) = knowing(&six_turns(), &[1, 2, 3, 4, 5, 6]);
+        let other = [turn(Role::User, "something else")];
+        let (chains, first_known) = index.split(&other, &[]);
+        assert_eq!(first_known, 0);
+        let compacted = [
+            entry(EntryKind::Summary, Role::User, "summary", 7),
+            entry(EntryKind::Message, Role::User, "resume", 8),
+        ];
+        assert_eq!(
+            index.locate(&chains, first_known, &compacted),
+            Placement::Diverged { keep: 0, first_new: 0, dropped: 2 }
+        );
+        assert_eq!(index.locate(&chains, first_known, &[]), Placement::Extends { first_new: 0 });
+    }
+
+    #[test]
+    fn an_edit_after_a_summary_drops_a_later_purge_of_the_edited_turn() {
+        let history = six_turns();
+        let (index, _) = knowing(&history, &[1, 2, 3, 4, 7, 8]);
+        // Summary 5 holds turns 1 to 4; the client went on with u3 (7) and a3 (8); a purge folded u3.
+        let purged = [
+            entry(EntryKind::Summary, Role::User, "summary", 5),
+            entry(EntryKind::Message, Role::User, "resume", 6),
+            entry(EntryKind::Summary, Role::User, "purge of u3", 9),
+            entry(EntryKind::Message, Role::Assistant, "a3", 8),
+        ];
+        // The client edits u3.
+        let mut edited = history[..4].to_vec();
+        edited.push(turn(Role::User, "u3, edited"));
+        let (chains, first_known) = index.split(&edited, &[]);
+        assert_eq!(first_known, 4);
+        assert_eq!(
+            index.locate(&chains, first_known, &purged),
+            Placement::Diverged { keep: 2, first_new: 4, dropped: 2 }
+        );
     }
 
     #[test]
