@@ -1065,8 +1065,8 @@ impl SessionEngine {
         let switch = self.journal.fork(keep, &reason, now_ms)?;
         self.after_rewrite()?;
         if cause == RewindCause::NewConversation && self.transparent.retain_only(&chains)? > 0 {
-            // The rewritten index is made durable with the next group commit; until then the old
-            // file's superset is what a crash would leave, which recognises no fewer turns.
+            // The rewritten index is durable already (written whole, fsynced and renamed over the
+            // old file); the next group commit syncs it once more, as after any index write.
             self.index_unsynced = true;
             self.appended_seq += 1;
         }

@@ -24,8 +24,8 @@ struct OpenLines {
 }
 
 /// What a group commit fsyncs for a line file: the handle the appends went through, or the file by
-/// its path when there is none (nothing appended since the file was replaced, or a storage without
-/// shared handles, such as the fault-injecting ones of the tests).
+/// its path when there is none (nothing appended since the file was replaced, or a storage whose
+/// handles offer no shared sync).
 #[derive(Clone)]
 pub struct LineFileSync {
     /// The file, named in errors.
@@ -48,11 +48,13 @@ impl std::fmt::Debug for LineFileSync {
     }
 }
 
-/// The text of the line file at `path` on `storage`; empty when there is none. Bytes that are not
-/// UTF-8 are replaced, so a damaged line is skipped by its reader like a torn one.
+/// The whole lines of the line file at `path` on `storage`; empty when there is none. A last line
+/// without its newline is a write a crash cut short, and is left out: cut anywhere, it may still
+/// look like a whole line with other values (an entry ID missing its last digits). Bytes that are
+/// not UTF-8 are replaced, so a damaged line is skipped by its reader like a malformed one.
 pub(crate) fn read_lines(storage: &dyn Storage, path: &Path) -> Result<String, IndexError> {
     match storage.read(path) {
-        Ok(bytes) => Ok(String::from_utf8_lossy(&bytes).into_owned()),
+        Ok(bytes) => Ok(String::from_utf8_lossy(&bytes[..whole_lines_len(&bytes)]).into_owned()),
         Err(cause) if cause.kind() == io::ErrorKind::NotFound => Ok(String::new()),
         Err(cause) => Err(IndexError::new(path, cause)),
     }
@@ -115,25 +117,32 @@ impl LineFileSync {
     }
 }
 
-/// Opens `path` for appending, after ending a torn last line (a write cut short by a full disk or
-/// a crash), so that the next line is not glued onto the fragment and lost with it when the file is
-/// read. A file it creates has its directory fsynced too, so that the name survives a power loss
-/// along with the lines the group commits make durable.
+/// The length of the leading whole lines of `bytes`: up to and with the last newline.
+fn whole_lines_len(bytes: &[u8]) -> usize {
+    bytes.iter().rposition(|byte| *byte == b'\n').map_or(0, |last| last + 1)
+}
+
+/// Opens `path` for appending, after cutting off a torn last line (a write cut short by a full disk
+/// or a crash), which [`read_lines`] leaves out anyway, so that the next line starts a line of its
+/// own. A file it creates, or finds empty (its creation may not have been made durable), has its
+/// directory fsynced too, so that the name survives a power loss along with the lines the group
+/// commits make durable.
 fn open_at_a_line_start(storage: &dyn Storage, path: &Path) -> io::Result<Box<dyn AppendHandle>> {
-    let torn = match storage.file_len(path) {
-        Ok(Some(0)) => false,
-        Ok(_) => storage.read(path)?.last().is_some_and(|last| *last != b'\n'),
-        Err(error) if error.kind() == io::ErrorKind::NotFound => {
-            let handle = storage.open_append(path)?;
-            sync_parent(storage, path)?;
-            return Ok(handle);
+    match storage.file_len(path) {
+        Ok(Some(0)) => {}
+        Ok(_) => {
+            let bytes = storage.read(path)?;
+            let whole = whole_lines_len(&bytes);
+            if whole < bytes.len() {
+                storage.truncate(path, whole as u64)?;
+            }
+            return storage.open_append(path);
         }
+        Err(error) if error.kind() == io::ErrorKind::NotFound => {}
         Err(error) => return Err(error),
-    };
-    let mut handle = storage.open_append(path)?;
-    if torn {
-        handle.append(b"\n")?;
     }
+    let handle = storage.open_append(path)?;
+    sync_parent(storage, path)?;
     Ok(handle)
 }
 
@@ -190,18 +199,22 @@ mod tests {
     }
 
     #[test]
-    fn a_torn_last_line_is_ended_before_the_next_append() {
+    fn a_torn_last_line_is_never_read_and_is_cut_off_before_the_next_append() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("lines");
-        std::fs::write(&path, "whole\ntor").unwrap();
+        // "msg_123" cut short would read as another, valid ID.
+        std::fs::write(&path, "whole msg_1\ntorn msg_12").unwrap();
+        assert_eq!(read_lines(&StdStorage, &path).unwrap(), "whole msg_1\n");
         let mut file = LineFile::new(std_storage(), &path);
         file.append("next\n").unwrap();
-        assert_eq!(std::fs::read_to_string(&path).unwrap(), "whole\ntor\nnext\n");
+        assert_eq!(std::fs::read_to_string(&path).unwrap(), "whole msg_1\nnext\n");
         // A file that ends a line is appended to as it is.
         let mut again = LineFile::new(std_storage(), &path);
         again.append("last\n").unwrap();
-        assert_eq!(std::fs::read_to_string(&path).unwrap(), "whole\ntor\nnext\nlast\n");
-        assert_eq!(read_lines(&StdStorage, &path).unwrap(), "whole\ntor\nnext\nlast\n");
+        assert_eq!(std::fs::read_to_string(&path).unwrap(), "whole msg_1\nnext\nlast\n");
+        assert_eq!(read_lines(&StdStorage, &path).unwrap(), "whole msg_1\nnext\nlast\n");
+        std::fs::write(&path, "no newline at all").unwrap();
+        assert_eq!(read_lines(&StdStorage, &path).unwrap(), "");
         assert_eq!(
             read_lines(&StdStorage, &dir.path().join("none")).unwrap(),
             "",
@@ -249,6 +262,24 @@ mod tests {
             (0..20).any(|seed| !committed_lines_survive(false, seed)),
             "without the commit some crash loses them, so the commit is what kept them"
         );
+    }
+
+    #[test]
+    fn a_creation_whose_directory_fsync_failed_is_made_durable_by_the_next_append() {
+        for seed in 0..20 {
+            let sim = SimStorage::new();
+            sim.create_dir_all(Path::new("/data")).unwrap();
+            sim.sync_dir(Path::new("/")).unwrap();
+            let path = Path::new("/data/lines");
+            let mut file = LineFile::new(Arc::new(sim.clone()), path);
+            sim.set_fault(Some(Fault { kind: Some(OpKind::DirFsync), nth: 1, then_crash: false }));
+            assert!(file.append("lost\n").is_err(), "the created file's directory fsync failed");
+            sim.set_fault(None);
+            file.append("kept\n").unwrap();
+            file.sync_target().sync(&sim).unwrap();
+            sim.crash(seed);
+            assert_eq!(read_lines(&sim, path).unwrap(), "kept\n", "seed {seed}");
+        }
     }
 
     #[test]
