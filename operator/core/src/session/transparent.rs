@@ -180,13 +180,12 @@ impl TransparentIndex {
     /// turn) the journal is rewound to nothing and the whole request is journaled again: a
     /// summary of turns the client no longer sends is not spliced onto its conversation.
     pub fn locate(&self, chains: &[ChainHash], first_known: usize, entries: &[Entry]) -> Placement {
-        let summary_positions = summaries(entries);
         // The last entry that is not Strata's own: the request extends the journal when that is
         // the entry holding its last known turn. Only the journal's tail is read.
         let last_foreign = entries.iter().rposition(|entry| !is_strata_own(entry, &self.holders));
         if first_known == 0 {
             // Nothing but Strata's own entries, and none a summary of another conversation.
-            if last_foreign.is_none() && summary_positions.is_empty() {
+            if last_foreign.is_none() && !entries.iter().any(|entry| entry.id.kind() == EntryKind::Summary) {
                 return Placement::Extends { first_new: 0 };
             }
         } else {
@@ -200,6 +199,7 @@ impl TransparentIndex {
         }
         let position: HashMap<EntryId, usize> =
             entries.iter().enumerate().map(|(index, entry)| (entry.id, index)).collect();
+        let summary_positions = summaries(entries);
         // The numbers of the entries holding client turns, in order, and of those the generation
         // does not hold (folded into a summary, or dropped): built when first needed.
         let holder_numbers = std::cell::OnceCell::new();
