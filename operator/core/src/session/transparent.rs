@@ -462,11 +462,17 @@ mod tests {
             .collect()
     }
 
-    #[test]
-    fn a_retry_after_a_compaction_keeps_the_summary_of_the_older_turns() {
+    /// Eight turns, u1 to a4, and an index that knows them held by entries 1 to 6, 9 and 10.
+    fn eight_turns_known() -> (Vec<Turn>, TransparentIndex) {
         let mut history = six_turns();
         history.extend([turn(Role::User, "u4"), turn(Role::Assistant, "a4")]);
         let (index, _) = knowing(&history, &[1, 2, 3, 4, 5, 6, 9, 10]);
+        (history, index)
+    }
+
+    #[test]
+    fn a_retry_after_a_compaction_keeps_the_summary_of_the_older_turns() {
+        let (history, index) = eight_turns_known();
         // The compaction kept u3 and a3 and placed its summary of turns 1 to 4 after them.
         let mut compacted = vec![
             entry(EntryKind::Message, Role::User, "u3", 5),
@@ -489,9 +495,7 @@ mod tests {
 
     #[test]
     fn a_summary_holding_a_turn_newer_than_the_shared_one_is_not_spliced() {
-        let mut history = six_turns();
-        history.extend([turn(Role::User, "u4"), turn(Role::Assistant, "a4")]);
-        let (index, _) = knowing(&history, &[1, 2, 3, 4, 5, 6, 9, 10]);
+        let (history, index) = eight_turns_known();
         // A summary that holds a3 (and so is newer than the kept u3), and u4 after it.
         let compacted = [
             entry(EntryKind::Message, Role::User, "u3", 5),
