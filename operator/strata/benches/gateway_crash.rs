@@ -410,8 +410,9 @@ impl Runner {
             if let Some(status) = gateway.child.try_wait().ok().flatten() {
                 let text = std::fs::read_to_string(log).unwrap_or_default();
                 let last = text.lines().last().unwrap_or_default().to_owned();
-                // Ports are picked free a moment before the gateway binds them; another process
-                // may take one in between. That is the harness's race, not a gateway failure.
+                // Ports are picked free (below the ephemeral range, so no outgoing connection takes
+                // them) a moment before the gateway binds them; another test process may still take
+                // one in between. That is the harness's race, not a gateway failure.
                 if last.contains("in use") && port_races < 5 {
                     port_races += 1;
                     continue;

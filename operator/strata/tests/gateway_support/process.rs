@@ -5,6 +5,7 @@
 use std::net::SocketAddr;
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
 /// A running `strata gateway` process; killed (SIGKILL) when dropped.
@@ -17,10 +18,30 @@ pub struct GatewayProcess {
     pub metrics_address: SocketAddr,
 }
 
-/// A loopback address that was free a moment ago.
+/// A loopback address that is free now and stays free for the gateway to bind: its port lies
+/// below the kernel's ephemeral range, so no outgoing connection (the harness's own, to the
+/// gateway or the fake upstream) can take it between this check and the gateway's bind. A port
+/// taken from the ephemeral range (`bind` to port 0) could be, and the crash suite once saw a
+/// restart fail with "address in use" that way. Each process starts at its own offset, so
+/// concurrent test processes rarely try the same ports; the bind check skips any in use.
 pub fn free_port() -> SocketAddr {
-    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    listener.local_addr().unwrap()
+    static NEXT: AtomicU32 = AtomicU32::new(0);
+    let low = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+        .ok()
+        .and_then(|range| range.split_whitespace().next()?.parse::<u32>().ok())
+        .unwrap_or(32_768);
+    // The ports below the ephemeral range, from 10,000 (clear of well-known and common service
+    // ports); ephemeral ones only when the range starts too low to leave any.
+    let (first, span) = if low > 11_000 { (10_000, low - 10_000) } else { (low, 65_535 - low) };
+    let start = std::process::id().wrapping_mul(7_919) % span;
+    for _ in 0..span {
+        let offset = (start + NEXT.fetch_add(1, Ordering::Relaxed)) % span;
+        let port = u16::try_from(first + offset).expect("ports fit in 16 bits");
+        if let Ok(listener) = std::net::TcpListener::bind(("127.0.0.1", port)) {
+            return listener.local_addr().unwrap();
+        }
+    }
+    panic!("no free loopback port in {first}..{}", first + span)
 }
 
 impl GatewayProcess {
