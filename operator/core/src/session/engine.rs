@@ -2030,11 +2030,8 @@ fn called_in(drafts: &[EntryDraft], call_id: &str) -> Option<String> {
 /// The text of the request's latest user message (what the tools are ranked against), at most
 /// 4,000 bytes.
 fn latest_user_text(turns: &[Turn]) -> &str {
-    let text = turns
-        .iter()
-        .rev()
-        .find(|turn| turn.role == Role::User && !turn.content.text.trim().is_empty())
-        .map_or("", |turn| turn.content.text.as_str());
+    let text =
+        turns.iter().rev().find(|turn| turn.has_user_text()).map_or("", |turn| turn.content.text.as_str());
     let mut end = text.len().min(4_000);
     while !text.is_char_boundary(end) {
         end -= 1;

@@ -16,14 +16,16 @@
 //! mislead its own session, which its own messages can do anyway.
 //!
 //! The memo holds the last request's turns, which the request takes over and hands back once the
-//! engine is done. It keeps user turns whole and only the roles of the others (assistant answers
-//! and tool results, the bulk of a history): the engine journals only new turns, and needs the
-//! latest user text, so a reused turn's content is wanted only when the journal lost turns the
-//! client had sent before and the request must be journaled whole (a rewind by another
-//! conversation's request, a rollback, or an edit of a turn a compaction summarised). The engine
-//! then says
-//! so ([`ChatRequest::hollow_turns`](super::turn::ChatRequest::hollow_turns)) and the request is
-//! read again without the memo.
+//! engine is done. Of their content it keeps only the latest user turn with text, and of the others
+//! only their roles: the engine journals only new turns, and of the old ones it reads only the
+//! latest user text (it ranks lazy tools by it). So a reused turn's content is wanted only when the
+//! journal lost turns the client had sent before and the request must be journaled whole (a rewind
+//! by another conversation's request, a rollback, or an edit of a turn a compaction summarised).
+//! The engine then says so
+//! ([`ChatRequest::hollow_turns`](super::turn::ChatRequest::hollow_turns)) and the request is read
+//! again without the memo. A request that resends the messages before the kept user turn but not
+//! that turn unchanged (an edit or a retry of it) is read without the memo too, since its latest
+//! user text may be one the memo no longer holds.
 
 use std::hash::BuildHasher;
 use std::ops::Range;
@@ -72,6 +74,8 @@ pub struct MessageMemo {
     turns: Vec<Turn>,
     /// The chain value after each of `turns`.
     chains: Vec<ChainHash>,
+    /// The index in `turns` of the one user turn kept whole: the latest with text.
+    whole_user: Option<usize>,
 }
 
 /// A request's messages, read with the memo's help.
@@ -84,8 +88,8 @@ pub struct ReadMessages {
     /// The chain values of the leading turns that were reused (`known_chains[i]` is the value
     /// after `turns[i]`).
     pub known_chains: Vec<ChainHash>,
-    /// How many leading turns were reused: the assistant and tool turns among them come without
-    /// their content.
+    /// How many leading turns were reused: they come without their content, except the latest
+    /// user turn with text among them.
     pub hollow_turns: usize,
     /// How many messages were reused rather than parsed.
     pub reused_messages: usize,
@@ -152,7 +156,9 @@ impl MessageMemo {
         mut read: impl FnMut(usize, &[u8]) -> Result<Reading, E>,
     ) -> Result<ReadMessages, E> {
         let SplitBody { messages, opening, known, .. } = split;
-        let MessageMemo { api: memo_api, messages: mut remembered, mut turns, mut chains, .. } = self;
+        let MessageMemo {
+            api: memo_api, messages: mut remembered, mut turns, mut chains, whole_user, ..
+        } = self;
         let bytes_of = |span: &Range<usize>| body.get(span.clone()).unwrap_or_default();
         let mut reused = 0;
         let mut reused_turns = 0;
@@ -169,6 +175,10 @@ impl MessageMemo {
         if turns.len() < reused_turns || chains.len() < reused_turns {
             (reused, reused_turns) = (0, 0);
         }
+        // The reused turns may hold the request's latest user text in a turn the memo hollowed:
+        // when they leave out the one it kept whole and the new turns bring no user text.
+        let user_text_hollowed = whole_user.is_some_and(|index| index >= reused_turns)
+            && turns.iter().take(reused_turns).any(|turn| turn.role == Role::User);
         // Everything is reused in place: the memo's vectors become the request's.
         remembered.truncate(reused);
         turns.truncate(reused_turns);
@@ -189,6 +199,16 @@ impl MessageMemo {
             system.extend(reading.system);
             turns.extend(reading.turns);
         }
+        let mut hollow_turns = reused_turns;
+        if user_text_hollowed && !turns[reused_turns..].iter().any(Turn::has_user_text) {
+            // Read the reused messages again, whole; their chain values still hold.
+            let mut whole = Vec::with_capacity(turns.len());
+            for (index, span) in messages.iter().enumerate().take(reused) {
+                whole.extend(read(index, bytes_of(span))?.turns);
+            }
+            whole.extend(turns.drain(reused_turns..));
+            (turns, hollow_turns, reused) = (whole, 0, 0);
+        }
         // Where each message is now, and what comes before it: the same as last time for the
         // first `known` when they were reused, since the split found their bytes and places equal.
         let (mut start, kept) = (0, known.min(reused));
@@ -203,7 +223,7 @@ impl MessageMemo {
             system,
             turns,
             known_chains: chains,
-            hollow_turns: reused_turns,
+            hollow_turns,
             reused_messages: reused,
             recollection: Recollection { api: Some(api), opening, messages: remembered },
         })
@@ -222,17 +242,27 @@ impl MessageMemo {
 
 impl Recollection {
     /// The memo of this request, given its turns and the chain value after each. An empty memo
-    /// when they do not match the messages read (nothing is reused then). Only the user turns are
-    /// kept whole; the others keep their role.
+    /// when they do not match the messages read (nothing is reused then). Only the latest user
+    /// turn with text is kept whole; the others keep their role.
     pub fn remember(self, mut turns: Vec<Turn>, chains: Vec<ChainHash>) -> MessageMemo {
         let expected: usize = self.messages.iter().map(|remembered| remembered.turns).sum();
         if turns.len() != expected || chains.len() != expected {
             return MessageMemo::default();
         }
-        for turn in turns.iter_mut().filter(|turn| turn.role != Role::User) {
-            turn.content = Content::default();
+        let whole_user = turns.iter().rposition(Turn::has_user_text);
+        for (index, turn) in turns.iter_mut().enumerate() {
+            if Some(index) != whole_user {
+                turn.content = Content::default();
+            }
         }
-        MessageMemo { api: self.api, opening: self.opening, messages: self.messages, turns, chains }
+        MessageMemo {
+            api: self.api,
+            opening: self.opening,
+            messages: self.messages,
+            turns,
+            chains,
+            whole_user,
+        }
     }
 }
 
@@ -270,17 +300,26 @@ mod tests {
         crate::session::transparent::TransparentIndex::in_memory().split(turns, &[]).0
     }
 
-    /// Whether `read`'s turns are `whole`'s, except that reused assistant and tool turns have no
-    /// content: user turns and the turns after the reused ones are whole.
+    /// Whether `read`'s turns are `whole`'s, except that reused turns have no content: the turns
+    /// after the reused ones are whole, and among the reused ones at most one, a user turn, keeps
+    /// its content. The latest user text is the same as in `whole`.
     fn matches_with_hollows(read: &ReadMessages, whole: &[Turn]) -> bool {
+        let hollow =
+            |turn: &Turn, whole: &Turn| turn.role == whole.role && turn.content == Content::default();
+        let reused = read.turns.iter().take(read.hollow_turns);
+        let kept_whole: Vec<&Turn> = reused.filter(|turn| turn.content != Content::default()).collect();
         read.turns.len() == whole.len()
             && read.turns.iter().zip(whole).enumerate().all(|(index, (turn, whole))| {
-                if index < read.hollow_turns && turn.role != Role::User {
-                    turn.role == whole.role && turn.content == Content::default()
-                } else {
-                    turn == whole
-                }
+                turn == whole || (index < read.hollow_turns && hollow(turn, whole))
             })
+            && kept_whole.len() <= 1
+            && kept_whole.iter().all(|turn| turn.role == Role::User)
+            && latest_user_text(&read.turns) == latest_user_text(whole)
+    }
+
+    /// The latest user text, as the engine reads it.
+    fn latest_user_text(turns: &[Turn]) -> Option<&str> {
+        turns.iter().rev().find(|turn| turn.has_user_text()).map(|turn| turn.content.text.as_str())
     }
 
     #[test]
@@ -340,6 +379,34 @@ mod tests {
     }
 
     #[test]
+    fn only_the_latest_user_text_is_kept_and_an_edit_of_it_is_read_whole() {
+        let first = r#"{"messages":[{"role":"user","content":"a"},{"role":"assistant","content":"b"},{"role":"user","content":"c"},{"role":"assistant","content":"d"}]}"#;
+        let read_first = read(MessageMemo::default(), first, &mut 0);
+        let chains = chains_of(&read_first.turns);
+        let memo = read_first.recollection.remember(read_first.turns, chains);
+        assert_eq!(memo.turns[0].content, Content::default(), "an older user turn is hollow");
+        assert_eq!(memo.turns[2].content.text, "c", "the latest user turn is whole");
+
+        // A tool loop resends everything and adds no user text: the latest user text is the memo's.
+        let mut parsed = 0;
+        let resent = r#"{"messages":[{"role":"user","content":"a"},{"role":"assistant","content":"b"},{"role":"user","content":"c"},{"role":"assistant","content":"d"},{"role":"assistant","content":"e"}]}"#;
+        let read_resent = read(memo, resent, &mut parsed);
+        assert_eq!((parsed, read_resent.hollow_turns), (1, 4));
+        assert!(matches_with_hollows(&read_resent, &read(MessageMemo::default(), resent, &mut 0).turns));
+        assert_eq!(latest_user_text(&read_resent.turns), Some("c"));
+
+        // The latest user turn is edited and the answer after it dropped: the messages before it are
+        // unchanged, but one of them holds the latest user text the memo hollowed. All are read.
+        let chains = chains_of(&read_resent.turns);
+        let memo = read_resent.recollection.remember(read_resent.turns, chains);
+        parsed = 0;
+        let edited = r#"{"messages":[{"role":"user","content":"a"},{"role":"assistant","content":"b"},{"role":"assistant","content":"x"}]}"#;
+        let read_edited = read(memo, edited, &mut parsed);
+        assert_eq!((parsed, read_edited.hollow_turns), (3, 0), "nothing is reused");
+        assert_eq!(latest_user_text(&read_edited.turns), Some("a"));
+    }
+
+    #[test]
     fn a_memo_given_the_wrong_number_of_turns_or_chains_remembers_nothing() {
         let body = r#"{"messages":[{"role":"user","content":"a"}]}"#;
         let read_once = read(MessageMemo::default(), body, &mut 0);
@@ -389,7 +456,7 @@ mod tests {
             let with_memo = read(memo, &body_of(&next), &mut 0);
             let fresh = read(MessageMemo::default(), &body_of(&next), &mut 0);
             proptest::prop_assert!(matches_with_hollows(&with_memo, &fresh.turns));
-            proptest::prop_assert_eq!(with_memo.hollow_turns, with_memo.known_chains.len());
+            proptest::prop_assert!(with_memo.hollow_turns == 0 || with_memo.hollow_turns == with_memo.known_chains.len());
             proptest::prop_assert_eq!(&with_memo.system, &fresh.system);
             let all_chains = chains_of(&fresh.turns);
             proptest::prop_assert_eq!(&all_chains[..with_memo.known_chains.len()], &with_memo.known_chains[..]);

@@ -23,6 +23,12 @@ pub struct Turn {
 }
 
 impl Turn {
+    /// Whether this is a user turn with text: the latest such turn is what the engine ranks lazy
+    /// tools by, and what a transparent client's message memo keeps whole.
+    pub fn has_user_text(&self) -> bool {
+        self.role == Role::User && !self.content.text.trim().is_empty()
+    }
+
     /// The journal kind of this turn.
     pub fn kind(&self) -> EntryKind {
         if !self.content.tool_results.is_empty() {
