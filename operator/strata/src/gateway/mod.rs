@@ -50,6 +50,9 @@ pub fn metric_names() -> Result<Vec<String>, MetricsError> {
 /// Largest request body accepted by default (32 MiB).
 pub const DEFAULT_MAX_BODY_BYTES: usize = 32 * 1024 * 1024;
 
+/// Worker threads of the gateway's runtime by default (see [`GatewayArgs::worker_threads`]).
+pub const DEFAULT_WORKER_THREADS: u8 = 2;
+
 /// Arguments of `strata gateway`.
 #[derive(Debug, Clone, clap::Args)]
 pub struct GatewayArgs {
@@ -82,6 +85,12 @@ pub struct GatewayArgs {
     /// `credentialsSecretRef` (the operator mounts that Secret key here).
     #[arg(long, value_name = "PATH", default_value = crate::compact::SUMMARIZER_KEY_FILE)]
     pub summarizer_api_key_file: PathBuf,
+    /// Threads that serve HTTP and run the engine's calls in place (1 to 64). A fixed number, not
+    /// one per CPU of the node: a sidecar serves one agent, and every worker that runs engine work
+    /// keeps its own tokenizer cache (about 1.2 MB), so on a 64-core node the runtime's default would
+    /// let the sidecar's memory grow with the node instead of with the agent.
+    #[arg(long, default_value_t = DEFAULT_WORKER_THREADS, value_parser = clap::value_parser!(u8).range(1..=64))]
+    pub worker_threads: u8,
     /// Log format.
     #[command(flatten)]
     pub log: crate::logging::LogArgs,
@@ -412,10 +421,7 @@ const MAX_BLOCKING_THREADS: usize = 8;
 /// Runs `strata gateway` until SIGINT or SIGTERM.
 pub fn run(args: &GatewayArgs) -> anyhow::Result<()> {
     crate::logging::init(args.log);
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .max_blocking_threads(MAX_BLOCKING_THREADS)
-        .enable_all()
-        .build()?;
+    let runtime = build_runtime(args)?;
     let args = args.clone();
     // The gateway starts on a worker, not on this thread: opening the engine counts tokens, and the
     // tokenizer keeps a 1.2 MB cache per thread that counts. On a worker, the cache is the one the
@@ -425,6 +431,15 @@ pub fn run(args: &GatewayArgs) -> anyhow::Result<()> {
             .await
             .unwrap_or_else(|join| Err(anyhow::anyhow!("the gateway's main task failed: {join}")))
     })
+}
+
+/// The gateway's runtime: `--worker-threads` workers and a bounded blocking pool.
+fn build_runtime(args: &GatewayArgs) -> std::io::Result<tokio::runtime::Runtime> {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(usize::from(args.worker_threads))
+        .max_blocking_threads(MAX_BLOCKING_THREADS)
+        .enable_all()
+        .build()
 }
 
 /// Starts the gateway and serves until SIGINT, SIGTERM or a failure.
@@ -461,5 +476,45 @@ async fn wait_for_signal() {
     #[cfg(not(unix))]
     {
         let _ = tokio::signal::ctrl_c().await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::Parser;
+
+    use super::*;
+
+    /// `strata gateway`'s flags alone.
+    #[derive(Debug, Parser)]
+    struct Flags {
+        #[command(flatten)]
+        args: GatewayArgs,
+    }
+
+    fn parse(extra: &[&str]) -> Result<GatewayArgs, clap::Error> {
+        let required = ["gateway", "--config", "/etc/strata/gateway.json", "--data-dir", "/data"];
+        Flags::try_parse_from(required.iter().chain(extra)).map(|flags| flags.args)
+    }
+
+    #[test]
+    fn the_worker_count_is_fixed_by_default_whatever_the_node_has() {
+        let args = parse(&[]).expect("the defaults parse");
+        assert_eq!(args.worker_threads, 2);
+        let runtime = build_runtime(&args).expect("the runtime starts");
+        assert_eq!(runtime.metrics().num_workers(), 2);
+        let args = parse(&["--worker-threads", "3"]).expect("3 parses");
+        let runtime = build_runtime(&args).expect("the runtime starts");
+        assert_eq!(runtime.metrics().num_workers(), 3);
+    }
+
+    #[test]
+    fn a_worker_count_out_of_range_is_refused_with_the_range() {
+        for bad in ["0", "65", "many"] {
+            let error = parse(&["--worker-threads", bad]).expect_err(bad).to_string();
+            assert!(error.contains("--worker-threads"), "{bad}: {error}");
+        }
+        let error = parse(&["--worker-threads", "0"]).expect_err("0").to_string();
+        assert!(error.contains("1..=64"), "{error}");
     }
 }

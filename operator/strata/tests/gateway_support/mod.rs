@@ -479,6 +479,7 @@ pub fn args(config_path: &Path, data_dir: &Path) -> GatewayArgs {
         max_upstream_response_bytes: strata::gateway::DEFAULT_MAX_RESPONSE_BYTES,
         max_held_bytes: strata::gateway::DEFAULT_MAX_HELD_BYTES,
         summarizer_api_key_file: config_path.with_file_name("summarizer-api-key"),
+        worker_threads: strata::gateway::DEFAULT_WORKER_THREADS,
         log: strata::logging::LogArgs::default(),
     }
 }
