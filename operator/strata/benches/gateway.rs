@@ -13,9 +13,11 @@
 //! `STRATA_BENCH_SEQUENTIAL=N` sets the sequential phases' request count (longer runs for a profiler).
 //! Each phase also prints the gateway's own account from its metrics: the mean time of its own work
 //! (`strata_gateway_added_overhead_seconds`) and of waiting on the upstream. The sequential phases
-//! also time a third path, the two-hop limit: a pass-through proxy in its own process
-//! (`gateway_bench/pass_through.rs`) that sends the upstream the gateway's last body, staged before
-//! the turn, with the gateway's HTTP stack and none of its work.
+//! also time two reference paths (`gateway_bench/pass_through.rs`), each a proxy in its own process
+//! that sends the upstream the gateway's last body, staged before the turn, and does none of the
+//! gateway's work: the two-hop limit, on the gateway's HTTP stack (axum and reqwest); and the floor,
+//! on hyper alone. Each measured turn times the gateway, the direct path, the limit and the floor,
+//! in that order.
 //!
 //! CI mode: `STRATA_BENCH_CI_MAX_RATIO=R` runs only the sequential phases, Stateful and
 //! Transparent (300 measured requests at each journal size), and exits non-zero when a request
@@ -211,11 +213,15 @@ async fn read_all(response: Result<reqwest::Response, reqwest::Error>) -> Result
 /// The sequential phase whose client is a Transparent one (the whole history on every call).
 const TRANSPARENT: &str = "transparent";
 
+/// How the reference paths are named in the report, in the order they are timed.
+const REFERENCE_LABELS: [&str; 2] =
+    ["two-hop limit (pass-through proxy, axum and reqwest)", "floor (zero-work proxy, hyper alone)"];
+
 struct Phase {
     gateway: Vec<Duration>,
     direct: Vec<Duration>,
-    /// Through the pass-through proxy (sequential phases only).
-    proxy: Vec<Duration>,
+    /// Through each reference proxy, in the order given (sequential phases only).
+    references: Vec<Vec<Duration>>,
     failures: Vec<String>,
 }
 
@@ -263,13 +269,14 @@ fn transparent_history(target_tokens: u64) -> Vec<serde_json::Value> {
     messages
 }
 
-/// Runs `per_stream` measured requests (after one unmeasured) on each of `streams` streams. With a
-/// `transcript`, the client is a Transparent one: it sends the whole message list on every call
-/// (one stream only) and keeps each answer in it.
+/// Runs `per_stream` measured requests (after one unmeasured) on each of `streams` streams, each
+/// followed by the direct path and then each of the `references` proxies. With a `transcript`, the
+/// client is a Transparent one: it sends the whole message list on every call (one stream only) and
+/// keeps each answer in it.
 async fn run_phase(
     gateway: SocketAddr,
     fake: SocketAddr,
-    proxy: Option<SocketAddr>,
+    references: &[SocketAddr],
     state: Arc<Fake>,
     (streams, per_stream): (usize, usize),
     transcript: Option<Transcript>,
@@ -282,10 +289,11 @@ async fn run_phase(
         let client = client.clone();
         let state = Arc::clone(&state);
         let transcript = transcript.clone();
+        let references = references.to_vec();
         tasks.push(tokio::spawn(async move {
             let mut gateway_times = Vec::with_capacity(per_stream);
             let mut direct_times = Vec::with_capacity(per_stream);
-            let mut proxy_times = Vec::with_capacity(per_stream);
+            let mut reference_times = vec![Vec::with_capacity(per_stream); references.len()];
             if stream_requests {
                 tokio::time::sleep(Duration::from_micros(100 * stream as u64)).await;
             }
@@ -302,14 +310,14 @@ async fn run_phase(
                     None => serde_json::to_vec(&ChatBody { messages: &[message], stream: stream_requests }),
                 };
                 let body = Bytes::from(body.unwrap());
-                if let Some(proxy) = proxy {
-                    // The proxy sends the upstream the body the gateway sent last (one turn shorter than
-                    // the one it is about to send), staged now so that the proxy is as idle as the
-                    // gateway when its measured request comes.
+                for proxy in &references {
+                    // A proxy sends the upstream the body the gateway sent last (one turn shorter
+                    // than the one it is about to send), staged now so that the proxy is as idle as
+                    // the gateway when its measured request comes.
                     let replay = state.latest.lock().unwrap().clone();
                     let staged = client.post(format!("http://{proxy}/stage")).body(replay).send().await;
                     if let Err(error) = staged.and_then(reqwest::Response::error_for_status) {
-                        failures.push(format!("staging at the pass-through proxy: {}", error_chain(&error)));
+                        failures.push(format!("staging at a reference proxy: {}", error_chain(&error)));
                     }
                 }
                 let started = Instant::now();
@@ -328,48 +336,58 @@ async fn run_phase(
                 let direct =
                     timed_replay(&client, &format!("http://{fake}/v1/chat/completions"), replay.clone())
                         .await;
-                let through_proxy = match proxy {
-                    Some(proxy) => {
-                        let started = Instant::now();
-                        let response = client
-                            .post(format!("http://{proxy}/v1/chat/completions"))
-                            .header("content-type", "application/json")
-                            .body(body)
-                            .send()
-                            .await;
-                        Some(read_all(response).await.map(|_| started.elapsed()))
-                    }
-                    None => None,
-                };
+                let mut through_references = Vec::with_capacity(references.len());
+                for proxy in &references {
+                    let started = Instant::now();
+                    let response = client
+                        .post(format!("http://{proxy}/v1/chat/completions"))
+                        .header("content-type", "application/json")
+                        .body(body.clone())
+                        .send()
+                        .await;
+                    through_references.push(read_all(response).await.map(|_| started.elapsed()));
+                }
                 if index == 0 {
                     continue;
                 }
-                match (through_gateway, direct, through_proxy.transpose()) {
-                    (Ok(gateway_time), Ok(direct_time), Ok(proxy_time)) => {
+                let through_references: Result<Vec<Duration>, String> =
+                    through_references.into_iter().collect();
+                match (through_gateway, direct, through_references) {
+                    (Ok(gateway_time), Ok(direct_time), Ok(reference_time)) => {
                         gateway_times.push(gateway_time);
                         direct_times.push(direct_time);
-                        proxy_times.extend(proxy_time);
+                        for (times, time) in reference_times.iter_mut().zip(reference_time) {
+                            times.push(time);
+                        }
                     }
                     (Err(error), _, _) => failures.push(format!("gateway: {error}")),
                     (_, Err(error), _) => failures.push(format!("direct: {error}")),
-                    (_, _, Err(error)) => failures.push(format!("pass-through proxy: {error}")),
+                    (_, _, Err(error)) => failures.push(format!("reference proxy: {error}")),
                 }
             }
-            (gateway_times, direct_times, proxy_times, failures)
+            (gateway_times, direct_times, reference_times, failures)
         }));
     }
-    let mut phase =
-        Phase { gateway: Vec::new(), direct: Vec::new(), proxy: Vec::new(), failures: Vec::new() };
+    let mut phase = Phase {
+        gateway: Vec::new(),
+        direct: Vec::new(),
+        references: vec![Vec::new(); references.len()],
+        failures: Vec::new(),
+    };
     for task in tasks {
-        let (gateway_times, direct_times, proxy_times, failures) = task.await.unwrap();
+        let (gateway_times, direct_times, reference_times, failures) = task.await.unwrap();
         phase.gateway.extend(gateway_times);
         phase.direct.extend(direct_times);
-        phase.proxy.extend(proxy_times);
+        for (all, times) in phase.references.iter_mut().zip(reference_times) {
+            all.extend(times);
+        }
         phase.failures.extend(failures);
     }
     phase.gateway.sort();
     phase.direct.sort();
-    phase.proxy.sort();
+    for times in &mut phase.references {
+        times.sort();
+    }
     phase
 }
 
@@ -438,11 +456,15 @@ fn main() {
         return;
     }
     let _ = rustls::crypto::ring::default_provider().install_default();
-    if let [_, mode, upstream, ..] = args.as_slice()
-        && mode == pass_through::ARG
-    {
-        pass_through::serve(upstream);
-        return;
+    if let [_, mode, upstream, ..] = args.as_slice() {
+        if mode == pass_through::ARG {
+            pass_through::serve(upstream);
+            return;
+        }
+        if mode == pass_through::FLOOR_ARG {
+            pass_through::serve_floor(upstream);
+            return;
+        }
     }
     let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
     let code = runtime.block_on(bench());
@@ -473,7 +495,8 @@ async fn bench() -> i32 {
     let fake = listener.local_addr().unwrap();
     let router = Router::new().route("/v1/chat/completions", post(upstream)).with_state(Arc::clone(&state));
     tokio::spawn(async move { axum::serve(listener, router).await.unwrap() });
-    let proxy = pass_through::PassThrough::spawn(fake);
+    let proxy = pass_through::PassThrough::spawn(pass_through::ARG, fake);
+    let floor = pass_through::PassThrough::spawn(pass_through::FLOOR_ARG, fake);
 
     let root = tempfile::tempdir_in(bench_root()).unwrap();
     let config_path = |mode: SessionMode| root.path().join(format!("gateway-{mode:?}.json"));
@@ -511,11 +534,11 @@ async fn bench() -> i32 {
                 (SessionMode::Stateful, None)
             };
             let gateway = spawn_gateway(&config_path(mode), &data).await;
-            let sequential_proxy = (streams == 1).then_some(proxy.address);
+            let references = if streams == 1 { vec![proxy.address, floor.address] } else { Vec::new() };
             let warm_up = run_phase(
                 gateway.address,
                 fake,
-                sequential_proxy,
+                &references,
                 Arc::clone(&state),
                 (1, 20),
                 transcript.clone(),
@@ -531,7 +554,7 @@ async fn bench() -> i32 {
             let phase = run_phase(
                 gateway.address,
                 fake,
-                sequential_proxy,
+                &references,
                 Arc::clone(&state),
                 (streams, per_stream),
                 transcript,
@@ -558,7 +581,7 @@ async fn bench() -> i32 {
                 let count = |prefix: &str| phase.failures.iter().filter(|f| f.starts_with(prefix)).count();
                 let (through_gateway, direct) = (count("gateway:"), count("direct:"));
                 println!(
-                    "  {} failed requests in {name} ({through_gateway} through the gateway, {direct} direct, {} at the pass-through proxy), e.g. {first}",
+                    "  {} failed requests in {name} ({through_gateway} through the gateway, {direct} direct, {} at a reference proxy), e.g. {first}",
                     phase.failures.len(),
                     phase.failures.len() - through_gateway - direct
                 );
@@ -590,10 +613,10 @@ async fn bench() -> i32 {
                 own_after.work.mean_micros_since(own_before.work),
                 own_after.upstream.mean_micros_since(own_before.upstream)
             );
-            if !phase.proxy.is_empty() {
-                let (p50, p99) = (percentile(&phase.proxy, 0.5), percentile(&phase.proxy, 0.99));
+            for (times, label) in phase.references.iter().zip(REFERENCE_LABELS) {
+                let (p50, p99) = (percentile(times, 0.5), percentile(times, 0.99));
                 println!(
-                    "  two-hop limit (pass-through proxy): p50 {:.0} µs p99 {:.0} µs = {:.2}x direct at p99 | p99 gateway / proxy = {:.2}x",
+                    "  {label}: p50 {:.0} µs p99 {:.0} µs = {:.2}x direct at p99 | p99 gateway / it = {:.2}x",
                     micros(p50),
                     micros(p99),
                     micros(p99) / micros(d99),

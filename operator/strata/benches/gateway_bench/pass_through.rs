@@ -1,8 +1,11 @@
-//! A pass-through proxy in its own process, the gateway bench's measure of the two-hop limit: it
-//! takes a client's request and sends the upstream a body staged beforehand (the one the gateway
-//! sent), so it moves the bytes a Stateful gateway moves, with the gateway's HTTP stack (axum server
-//! with `TCP_NODELAY`, reqwest client, two runtime workers) and none of its work, and streams the
-//! answer back.
+//! The gateway bench's reference proxies, each in its own process. Both take a client's request and
+//! send the upstream a body staged beforehand (the one the gateway sent), so they move the bytes a
+//! Stateful gateway moves with none of its work, and pass the answer back:
+//! - the two-hop limit ([`ARG`]): the gateway's HTTP stack (axum server with `TCP_NODELAY`, reqwest
+//!   client, two runtime workers);
+//! - the floor ([`FLOOR_ARG`]): hyper alone, the library under both (its HTTP/1 server and
+//!   hyper-util's pooled client, `TCP_NODELAY` both ways, two runtime workers), with the upstream's
+//!   answer handed back as it arrives. It is the least any proxy on this machine's loopback pays.
 
 use std::io::{BufRead, Write};
 use std::net::SocketAddr;
@@ -14,9 +17,21 @@ use axum::extract::State;
 use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::post;
+use http_body_util::{BodyExt, Either, Full};
+use hyper::body::Incoming;
+use hyper::service::service_fn;
+use hyper::{Request, Uri};
+use hyper_util::client::legacy::Client;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::rt::{TokioExecutor, TokioIo};
 
-/// The bench binary runs as the proxy when its first argument is this, followed by the upstream.
+/// The bench binary runs as the two-hop limit's proxy when its first argument is this, followed by
+/// the upstream.
 pub const ARG: &str = "--pass-through-proxy";
+
+/// The bench binary runs as the floor's proxy when its first argument is this, followed by the
+/// upstream.
+pub const FLOOR_ARG: &str = "--floor-proxy";
 
 /// The running proxy process; killed on drop (and it exits by itself when the bench's end of its
 /// stdin closes, so it never outlives the bench).
@@ -27,10 +42,11 @@ pub struct PassThrough {
 }
 
 impl PassThrough {
-    /// Starts this binary as a proxy in front of `upstream` and waits for its address.
-    pub fn spawn(upstream: SocketAddr) -> Self {
+    /// Starts this binary as a proxy (`kind`: [`ARG`] or [`FLOOR_ARG`]) in front of `upstream`
+    /// and waits for its address.
+    pub fn spawn(kind: &str, upstream: SocketAddr) -> Self {
         let mut child = Command::new(std::env::current_exe().unwrap())
-            .args([ARG, &upstream.to_string()])
+            .args([kind, &upstream.to_string()])
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .spawn()
@@ -55,26 +71,41 @@ struct Forward {
     staged: std::sync::Mutex<Bytes>,
 }
 
-/// Serves as the proxy in front of `upstream` until the parent goes away; prints its address first.
-pub fn serve(upstream: &str) {
+/// Exits this process once the parent goes away (the parent holds our stdin: its end of file
+/// means the bench is gone).
+fn exit_with_parent() {
     std::thread::spawn(|| {
-        // The parent holds our stdin: its end of file means the bench is gone.
         let _ = std::io::copy(&mut std::io::stdin(), &mut std::io::sink());
         std::process::exit(0);
     });
-    let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
-    runtime.block_on(async move {
-        let socket = tokio::net::TcpSocket::new_v4().unwrap();
-        socket.bind("127.0.0.1:0".parse().unwrap()).unwrap();
-        let listener = socket.listen(strata::gateway::LISTEN_BACKLOG).unwrap();
+}
+
+/// A runtime like the gateway's: two workers.
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap()
+}
+
+/// A loopback listener with the gateway's backlog; its address is printed for the parent.
+fn listen() -> tokio::net::TcpListener {
+    let socket = tokio::net::TcpSocket::new_v4().unwrap();
+    socket.bind("127.0.0.1:0".parse().unwrap()).unwrap();
+    let listener = socket.listen(strata::gateway::LISTEN_BACKLOG).unwrap();
+    let mut stdout = std::io::stdout();
+    writeln!(stdout, "{}", listener.local_addr().unwrap()).unwrap();
+    stdout.flush().unwrap();
+    listener
+}
+
+/// Serves as the two-hop limit's proxy in front of `upstream` until the parent goes away.
+pub fn serve(upstream: &str) {
+    exit_with_parent();
+    runtime().block_on(async move {
+        let listener = listen();
         let forward = std::sync::Arc::new(Forward {
             client: reqwest::Client::new(),
             url: format!("http://{upstream}/v1/chat/completions"),
             staged: std::sync::Mutex::new(Bytes::new()),
         });
-        let mut stdout = std::io::stdout();
-        writeln!(stdout, "{}", listener.local_addr().unwrap()).unwrap();
-        stdout.flush().unwrap();
         let router = Router::new()
             .route("/v1/chat/completions", post(forward_staged))
             .route("/stage", post(stage))
@@ -113,4 +144,67 @@ async fn forward_staged(State(forward): State<std::sync::Arc<Forward>>, _request
         }
         Err(error) => (StatusCode::BAD_GATEWAY, error.to_string()).into_response(),
     }
+}
+
+/// The floor's state: hyper-util's pooled client and the body to send.
+struct Floor {
+    client: Client<HttpConnector, Full<Bytes>>,
+    uri: Uri,
+    staged: std::sync::Mutex<Bytes>,
+}
+
+/// Serves as the floor's proxy in front of `upstream` until the parent goes away.
+pub fn serve_floor(upstream: &str) {
+    exit_with_parent();
+    runtime().block_on(async move {
+        let listener = listen();
+        let mut connector = HttpConnector::new();
+        connector.set_nodelay(true);
+        let floor = std::sync::Arc::new(Floor {
+            client: Client::builder(TokioExecutor::new()).build(connector),
+            uri: format!("http://{upstream}/v1/chat/completions").parse().unwrap(),
+            staged: std::sync::Mutex::new(Bytes::new()),
+        });
+        loop {
+            let Ok((stream, _)) = listener.accept().await else { continue };
+            let _ = stream.set_nodelay(true);
+            let floor = std::sync::Arc::clone(&floor);
+            tokio::spawn(async move {
+                let service = service_fn(move |request| floor_answer(std::sync::Arc::clone(&floor), request));
+                let _ = hyper::server::conn::http1::Builder::new()
+                    .serve_connection(TokioIo::new(stream), service)
+                    .await;
+            });
+        }
+    });
+}
+
+/// `/stage` keeps the body as what the next requests send; any other request sends the staged body
+/// upstream and answers with the upstream's answer, its body passed through as it arrives.
+async fn floor_answer(
+    floor: std::sync::Arc<Floor>,
+    request: Request<Incoming>,
+) -> Result<Response<Either<Incoming, Full<Bytes>>>, hyper::Error> {
+    let staging = request.uri().path() == "/stage";
+    let body = request.into_body().collect().await?.to_bytes();
+    if staging {
+        *floor.staged.lock().unwrap() = body;
+        return Ok(Response::builder()
+            .status(StatusCode::NO_CONTENT)
+            .body(Either::Right(Full::default()))
+            .unwrap());
+    }
+    let staged = floor.staged.lock().unwrap().clone();
+    let upstream = Request::post(floor.uri.clone())
+        .header(header::CONTENT_TYPE, "application/json")
+        .header("x-bench-direct", "1")
+        .body(Full::new(staged))
+        .unwrap();
+    Ok(match floor.client.request(upstream).await {
+        Ok(answer) => answer.map(Either::Left),
+        Err(error) => Response::builder()
+            .status(StatusCode::BAD_GATEWAY)
+            .body(Either::Right(Full::new(Bytes::from(error.to_string()))))
+            .unwrap(),
+    })
 }
