@@ -12,6 +12,7 @@ use strata_core::budget::OperationId;
 use strata_core::compaction::{CompactionMode, EXTRACTIVE_VERSION, ExtractiveSummarizer};
 use strata_core::entry::{Content, EntryKind, Role, ToolCall, ToolResult};
 use strata_core::journal::{AppendHandle, LockOutcome, StdStorage, Storage};
+use strata_core::retention::Classifier;
 use strata_core::session::protocol::check_request;
 use strata_core::session::{
     Api, AssistantOutput, ChatRequest, CompactionAsk, SessionEngine, SessionSettings, Turn, TurnOutcome,
@@ -836,4 +837,80 @@ fn a_transparent_request_after_a_compaction_that_kept_none_of_its_turns_extends_
     transparent_call(&mut engine, &settings, &history, "welcome").unwrap();
     assert_eq!(engine.journal().generation(), generation);
     assert_eq!(journal_texts(&engine).len(), entries_after_compaction + 4);
+}
+
+/// An engine whose history of four exchanges was compacted with `keepRecentEntries: 0` and the
+/// third user turn Critical: that turn is kept verbatim and the rest (the older turns, and that
+/// turn's answer and what followed it) folded into one summary placed after it. Returns the
+/// settings, the engine and the client's history.
+fn compacted_around_a_critical_turn() -> (SessionSettings, SessionEngine, Vec<Turn>) {
+    let mut settings = SessionSettings::defaults(Api::OpenAi, 100_000);
+    settings.compaction.keep_recent_entries = 0;
+    let pinned = r#"[{"name": "pinned", "class": "Critical", "match": {"contentRegex": "^PINNED"}}]"#;
+    settings.classifier = Classifier::new(serde_json::from_str(pinned).unwrap()).unwrap();
+    let mut engine = SessionEngine::in_memory(&settings, 0).unwrap();
+    let mut history = Vec::new();
+    for step in 0..4 {
+        let prefix = if step == 2 { "PINNED " } else { "" };
+        history.push(user(format!("{prefix}step {step}: {}", "lorem ipsum dolor sit amet ".repeat(100))));
+        let answer = format!("done {step}");
+        transparent_call(&mut engine, &settings, &history, &answer).unwrap();
+        history.push(Turn { role: Role::Assistant, content: Content::text(answer) });
+    }
+    engine.compact(&settings, &CompactionAsk::new(CompactionMode::Budget, "test"), 2_000).unwrap().unwrap();
+    let compacted = openings(&engine);
+    let kinds: Vec<EntryKind> = engine.journal().entries().iter().map(|entry| entry.id.kind()).collect();
+    assert!(compacted[0].starts_with("PINNED step 2"), "the Critical turn is kept first: {compacted:?}");
+    assert_eq!(kinds[1], EntryKind::Summary, "the summary stands after it: {compacted:?}");
+    assert!(
+        !compacted.iter().any(|text| text.starts_with("step ") || text.starts_with("done ")),
+        "every other client turn was folded: {compacted:?}"
+    );
+    (settings, engine, history)
+}
+
+/// The first 14 characters of each journal entry's text.
+fn openings(engine: &SessionEngine) -> Vec<String> {
+    journal_texts(engine).iter().map(|text| text.chars().take(14).collect()).collect()
+}
+
+/// After the client regenerated the answer to the Critical turn (it sent `sent`, its history up
+/// to that turn): every turn it sent is in the journal, none it abandoned is, and the new answer
+/// is last.
+fn assert_regenerated(engine: &SessionEngine, sent: &[Turn]) {
+    let texts = openings(engine);
+    for turn in sent {
+        let opening: String = turn.content.text.chars().take(14).collect();
+        assert!(texts.contains(&opening), "{opening:?} is in the journal: {texts:?}");
+    }
+    assert_eq!(texts.last().map(String::as_str), Some("done 2, again"));
+    let abandoned =
+        |text: &String| text.starts_with("step 3") || text.starts_with("step 4") || text == "done 3";
+    assert!(!texts.iter().any(abandoned), "no abandoned turn, nor a summary of them: {texts:?}");
+    assert!(
+        !engine.journal().entries().iter().any(|entry| entry.id.kind() == EntryKind::Summary),
+        "the summary of abandoned turns is not kept: {texts:?}"
+    );
+}
+
+/// A regenerate of the Critical turn's answer right after the compaction. The summary after the
+/// kept turn was extended, and with it the abandoned turns it holds: the journal now starts again
+/// from the request.
+#[test]
+fn a_regenerate_after_a_compaction_that_kept_only_a_critical_turn_does_not_extend_the_summary() {
+    let (settings, mut engine, history) = compacted_around_a_critical_turn();
+    transparent_call(&mut engine, &settings, &history[..5], "done 2, again").unwrap();
+    assert_regenerated(&engine, &history[..5]);
+}
+
+/// The same regenerate after one more exchange. The rewind to the kept turn dropped the summary,
+/// and the older turns with it: the client sends them as journaled, so they were never journaled
+/// again. The whole request is journaled again instead.
+#[test]
+fn a_regenerate_after_a_compaction_that_kept_only_a_critical_turn_loses_none_of_the_older_turns() {
+    let (settings, mut engine, mut history) = compacted_around_a_critical_turn();
+    history.push(user("step 4: and then?".into()));
+    transparent_call(&mut engine, &settings, &history, "done 4").unwrap();
+    transparent_call(&mut engine, &settings, &history[..5], "done 2, again").unwrap();
+    assert_regenerated(&engine, &history[..5]);
 }

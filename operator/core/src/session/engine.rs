@@ -1058,9 +1058,13 @@ impl SessionEngine {
             RewindCause::Edit => {
                 format!("the client's history diverged after its turn {first_new}: {dropped} entries dropped")
             }
-            RewindCause::NewConversation => {
+            RewindCause::NewConversation if first_known == 0 => {
                 format!("a new conversation (no turn shared with the journal): {dropped} entries dropped")
             }
+            // An edit of a summarised turn, or a retry whose older turns only a dropped summary held.
+            RewindCause::NewConversation => format!(
+                "the client's history is journaled again whole (the summaries holding its turns cannot be kept): {dropped} entries dropped"
+            ),
         };
         let switch = self.journal.fork(keep, &reason, now_ms)?;
         self.after_rewrite()?;

@@ -78,6 +78,26 @@ fn folding_summary(summaries: &[(u64, usize)], id: EntryId) -> Option<(u64, usiz
     summaries.iter().find(|(number, _)| *number > id.number()).copied()
 }
 
+/// Whether rewinding to the first `keep` entries drops a summary that may hold a client turn older
+/// than the shared one (entry number `shared`), among the holders the generation no longer holds
+/// (`absent`), when no kept summary can hold that turn. The client sends such a turn as journaled, so
+/// only the dropped summary still held it. A summary is allocated after every entry it covers, so it
+/// can hold only entries numbered below it.
+fn may_drop_older_turns(entries: &[Entry], keep: usize, shared: u64, absent: &[u64]) -> bool {
+    let newest_summary = |entries: &[Entry]| {
+        entries
+            .iter()
+            .filter(|entry| entry.id.kind() == EntryKind::Summary)
+            .map(|entry| entry.id.number())
+            .max()
+    };
+    let Some(newest_dropped) = newest_summary(&entries[keep..]) else { return false };
+    let newest_kept = newest_summary(&entries[..keep]);
+    absent.iter().any(|&holder| {
+        holder < shared && holder < newest_dropped && newest_kept.is_none_or(|kept| kept < holder)
+    })
+}
+
 /// How a transparent request relates to the journal.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Placement {
@@ -178,7 +198,10 @@ impl TransparentIndex {
     /// the turns it holds, which the client resends as already journaled. When no shared turn is
     /// left (a new conversation, an edit of a summarised turn, a rollback to before every shared
     /// turn) the journal is rewound to nothing and the whole request is journaled again: a
-    /// summary of turns the client no longer sends is not spliced onto its conversation.
+    /// summary of turns the client no longer sends is not spliced onto its conversation. The same
+    /// full rewind is taken when the rewind to the shared turn would drop a summary that may also
+    /// hold older turns no kept summary holds: the client sends those as journaled, and only the
+    /// dropped summary held them.
     pub fn locate(&self, chains: &[ChainHash], first_known: usize, entries: &[Entry]) -> Placement {
         // The last entry that is not Strata's own: the request extends the journal when that is
         // the entry holding its last known turn. Only the journal's tail is read.
@@ -191,7 +214,11 @@ impl TransparentIndex {
         } else {
             match self.known.get(&chains[first_known - 1]) {
                 Some(None) => return Placement::Extends { first_new: first_known },
-                Some(Some(id)) if last_foreign.is_some_and(|index| entries[index].id == *id) => {
+                Some(Some(id))
+                    if last_foreign.is_some_and(|index| {
+                        entries[index].id == *id && !self.summary_after_holds_newer(entries, index + 1, *id)
+                    }) =>
+                {
                     return Placement::Extends { first_new: first_known };
                 }
                 _ => {}
@@ -246,9 +273,9 @@ impl TransparentIndex {
                 if let Some(&(summary, summary_index)) = later_summary
                     && !holds_newer(summary)
                 {
-                    return Some((turn, keep_through(summary_index)));
+                    return Some((turn, keep_through(summary_index), id.number()));
                 }
-                return Some((turn, keep));
+                return Some((turn, keep, id.number()));
             }
             let (summary, index) = folding_summary(&summary_positions, id)?;
             let (all, _) = numbers();
@@ -268,13 +295,38 @@ impl TransparentIndex {
                     !later_summary && (is_strata_own(entry, &self.holders) || entry.id.number() < summary)
                 })
                 .count();
-            Some((turn, index + 1 + kept_after))
+            Some((turn, index + 1 + kept_after, id.number()))
         });
-        let (keep, first_new) = shared.map_or((0, 0), |(turn, keep)| (keep, turn + 1));
+        let (keep, first_new) = match shared {
+            // Keeping only what stands before a summary that may also hold older turns the client
+            // sends as journaled would lose them: the whole request is journaled again instead.
+            Some((turn, keep, shared_number))
+                if !may_drop_older_turns(entries, keep, shared_number, &numbers().1) =>
+            {
+                (keep, turn + 1)
+            }
+            Some(_) | None => (0, 0),
+        };
         if keep == entries.len() && first_new == first_known {
             return Placement::Extends { first_new };
         }
         Placement::Diverged { keep, first_new, dropped: entries.len() - keep }
+    }
+
+    /// Whether a summary among `entries[after..]` may hold a client turn journaled after the entry
+    /// `id`: one the request, whose last known turn `id` holds, no longer sends (a regenerate or an
+    /// edit after a compaction that kept that turn verbatim). Such a summary is not extended.
+    fn summary_after_holds_newer(&self, entries: &[Entry], after: usize, id: EntryId) -> bool {
+        let newest_summary = entries[after..]
+            .iter()
+            .filter(|entry| entry.id.kind() == EntryKind::Summary && entry.id.number() > id.number())
+            .map(|entry| entry.id.number())
+            .max();
+        let Some(summary) = newest_summary else { return false };
+        let present: HashSet<EntryId> = entries.iter().map(|entry| entry.id).collect();
+        self.holders.iter().any(|holder| {
+            holder.number() > id.number() && holder.number() < summary && !present.contains(holder)
+        })
     }
 
     /// Remembers `values`, each with the journal entry holding its turn, and appends them to the
@@ -494,20 +546,89 @@ mod tests {
     }
 
     #[test]
-    fn a_summary_holding_a_turn_newer_than_the_shared_one_is_not_spliced() {
+    fn a_summary_holding_turns_newer_and_older_than_the_shared_one_is_not_spliced_nor_its_older_turns_lost() {
         let (history, index) = eight_turns_known();
-        // A summary that holds a3 (and so is newer than the kept u3), and u4 after it.
+        // A summary of turns 1 to 4 and of a3 (so newer than the kept u3), and u4 after it: a
+        // compaction that kept u3 verbatim (a Critical entry) and folded the rest.
         let compacted = [
             entry(EntryKind::Message, Role::User, "u3", 5),
             entry(EntryKind::Summary, Role::User, "summary", 7),
             entry(EntryKind::Message, Role::User, "resume", 8),
             entry(EntryKind::Message, Role::User, "u4", 9),
         ];
-        // The client regenerates a3.
+        // The client regenerates a3. Keeping u3 alone would lose u1 to a2, which the client sends
+        // as journaled and only the summary held: the whole request is journaled again.
         let (chains, first_known) = index.split(&history[..5], &[]);
         assert_eq!(
             index.locate(&chains, first_known, &compacted),
-            Placement::Diverged { keep: 1, first_new: 5, dropped: 3 }
+            Placement::Diverged { keep: 0, first_new: 0, dropped: 4 }
+        );
+    }
+
+    #[test]
+    fn a_summary_after_the_last_known_turn_is_not_extended_when_it_holds_a_newer_turn() {
+        let history = six_turns();
+        // u3 (5) was kept verbatim; summary 7 holds u1 to a2 and a3 (6).
+        let (index, _) = knowing(&history, &[1, 2, 3, 4, 5, 6]);
+        let compacted = [
+            entry(EntryKind::Message, Role::User, "u3", 5),
+            entry(EntryKind::Summary, Role::User, "summary", 7),
+            entry(EntryKind::Message, Role::User, "resume", 8),
+        ];
+        // The client regenerates a3: its last known turn is the last client entry, but the summary
+        // after it holds a3, which the client abandoned, and the older turns with it.
+        let (chains, first_known) = index.split(&history[..5], &[]);
+        assert_eq!(
+            index.locate(&chains, first_known, &compacted),
+            Placement::Diverged { keep: 0, first_new: 0, dropped: 3 }
+        );
+        // With the older turns in a summary before it, only the summary holding a3 goes.
+        let (index, _) = knowing(&history, &[1, 2, 3, 4, 7, 8]);
+        let purged = [
+            entry(EntryKind::Summary, Role::User, "summary", 5),
+            entry(EntryKind::Message, Role::User, "resume", 6),
+            entry(EntryKind::Message, Role::User, "u3", 7),
+            entry(EntryKind::Summary, Role::User, "purge of a3", 9),
+            entry(EntryKind::Message, Role::User, "resume", 10),
+        ];
+        assert_eq!(
+            index.locate(&chains, first_known, &purged),
+            Placement::Diverged { keep: 3, first_new: 5, dropped: 2 }
+        );
+        // A summary that holds only older turns is extended, as before.
+        let (index, _) = knowing(&history, &[1, 2, 3, 4, 5, 6]);
+        let older_only = [
+            entry(EntryKind::Message, Role::User, "u3", 5),
+            entry(EntryKind::Message, Role::Assistant, "a3", 6),
+            entry(EntryKind::Summary, Role::User, "summary", 7),
+        ];
+        let (chains, first_known) = index.split(&history, &[]);
+        assert_eq!(index.locate(&chains, first_known, &older_only), Placement::Extends { first_new: 6 });
+    }
+
+    #[test]
+    fn a_summary_holding_only_turns_newer_than_the_shared_one_is_dropped_alone() {
+        let mut history = six_turns();
+        history.extend([turn(Role::User, "u4"), turn(Role::Assistant, "a4")]);
+        let (index, _) = knowing(&history, &[1, 2, 3, 4, 7, 8, 11, 12]);
+        // Summary 5 holds turns 1 to 4; u3 (7) stands after it; a purge (9) folded a3 (8); u4 and
+        // a4 followed.
+        let journal = [
+            entry(EntryKind::Summary, Role::User, "summary", 5),
+            entry(EntryKind::Message, Role::User, "resume", 6),
+            entry(EntryKind::Message, Role::User, "u3", 7),
+            entry(EntryKind::Summary, Role::User, "purge of a3", 9),
+            entry(EntryKind::Message, Role::User, "resume", 10),
+            entry(EntryKind::Message, Role::User, "u4", 11),
+            entry(EntryKind::Message, Role::Assistant, "a4", 12),
+        ];
+        // The client regenerates a3: the older turns stay with the summary that holds them, and
+        // only the purge of a3 and what followed it go.
+        let (chains, first_known) = index.split(&history[..5], &[]);
+        assert_eq!(first_known, 5);
+        assert_eq!(
+            index.locate(&chains, first_known, &journal),
+            Placement::Diverged { keep: 3, first_new: 5, dropped: 4 }
         );
     }
 
