@@ -166,10 +166,13 @@ impl LlmSummarizer {
                 })
             }
         };
-        let request =
-            adapter.authenticate(self.client.post(&url).json(&body), settings.api_key.as_deref(), false);
+        let mut headers = reqwest::header::HeaderMap::new();
+        adapter
+            .authenticate(&mut headers, settings.api_key.as_deref(), false)
+            .map_err(|reason| SummarizeError::Unavailable(format!("POST {url}: {reason}")))?;
         let unavailable = |error: reqwest::Error| SummarizeError::Unavailable(format!("POST {url}: {error}"));
-        let response = request.send().await.map_err(unavailable)?;
+        let response =
+            self.client.post(&url).headers(headers).json(&body).send().await.map_err(unavailable)?;
         let status = response.status();
         let text = response.text().await.map_err(unavailable)?;
         if !status.is_success() {

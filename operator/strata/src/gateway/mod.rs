@@ -5,6 +5,7 @@
 mod anthropic;
 mod compactor;
 pub mod config;
+mod connector;
 mod engine_host;
 mod errors;
 mod inspect;

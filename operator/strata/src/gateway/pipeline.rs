@@ -19,7 +19,6 @@ use axum::body::Body;
 use axum::http::{HeaderMap, HeaderValue, header};
 use axum::response::Response;
 use bytes::Bytes;
-use futures::StreamExt;
 use serde_json::{Map, Value};
 use strata_api::agent::SessionMode;
 use strata_core::budget::{BudgetLevel, MaxTokensClamp, OperationId};
@@ -42,7 +41,7 @@ use super::pending::PendingOperations;
 use super::provider::{ParsedRequest, ProviderAdapter, adapter, adapter_for};
 use super::response_cache::{self, CacheKey, CachedAnswer, ResponseCache};
 use super::sse::SseParser;
-use super::upstream::Upstream;
+use super::upstream::{Upstream, UpstreamResponse};
 
 /// Upstream calls per client request at most (memory-tool rounds included).
 pub const MAX_ROUNDS: usize = 8;
@@ -535,9 +534,9 @@ async fn complete(
         let upstream_started = Instant::now();
         let response =
             gateway.upstream.post(&prepared.settings, adapter.upstream_path(), body, headers, false).await;
-        let response =
+        let mut response =
             response.inspect_err(|_| gateway.metrics.upstream_calls.with_label_values(&["error"]).inc())?;
-        let bytes = gateway.upstream.read_body(&prepared.settings, response).await?;
+        let bytes = gateway.upstream.read_body(&mut response).await?;
         let upstream_time = upstream_started.elapsed();
         let output = parse_answer(adapter, &bytes)?;
         let call = if retried {
@@ -601,7 +600,7 @@ async fn stream_rounds(
     gateway: Arc<Gateway>,
     mut prepared: Prepared,
     headers: HeaderMap,
-    first: (UpstreamCall, reqwest::Response, Instant),
+    first: (UpstreamCall, UpstreamResponse, Instant),
     mut client: ClientStream,
 ) {
     let adapter = adapter(prepared.request.api);
@@ -615,18 +614,15 @@ async fn stream_rounds(
         let summarised = std::mem::take(&mut call.summarised_tools);
         translator.hold_summarised(if retried { Vec::new() } else { summarised });
         let mut parser = SseParser::default();
-        let mut chunks = response.bytes_stream();
         let mut failure = None;
         let mut read_bytes = 0usize;
         let limit = gateway.upstream.max_response_bytes();
-        'read: while let Some(chunk) = chunks.next().await {
-            let chunk = match chunk {
-                Ok(chunk) => chunk,
+        'read: loop {
+            let chunk = match response.chunk().await {
+                Ok(Some(chunk)) => chunk,
+                Ok(None) => break 'read,
                 Err(error) => {
-                    failure = Some(GatewayError::UpstreamUnreachable {
-                        url: super::upstream::url(&prepared.settings, adapter.upstream_path()),
-                        reason: error.to_string(),
-                    });
+                    failure = Some(error);
                     break 'read;
                 }
             };

@@ -2,6 +2,7 @@
 //! formats (paths, credentials, request and answer shapes, streams, error envelopes), behind one
 //! trait with one implementation per API. The round loop in `pipeline.rs` is written once against it.
 
+use axum::http::{HeaderMap, HeaderValue, header};
 use bytes::Bytes;
 use serde_json::{Map, Value, json};
 use strata_api::agent::Provider;
@@ -14,6 +15,16 @@ use super::{anthropic, openai};
 
 /// The Anthropic API version sent when the client names none.
 pub const DEFAULT_ANTHROPIC_VERSION: &str = "2023-06-01";
+
+/// A credential as a header value, marked sensitive (kept out of debug output and HTTP/2 header
+/// compression tables).
+fn secret_header(value: &str) -> Result<HeaderValue, String> {
+    let mut header = HeaderValue::from_str(value).map_err(|_| {
+        "the API key holds characters an HTTP header cannot carry; rewrite the key file (upstream.apiKeyFile) with the key alone".to_owned()
+    })?;
+    header.set_sensitive(true);
+    Ok(header)
+}
 
 /// A client's request, parsed, and what the message memo is to keep of it.
 #[derive(Debug)]
@@ -68,13 +79,14 @@ pub trait ProviderAdapter: Sync {
     fn error_body(&self, kind: &str, message: &str, details: Map<String, Value>) -> Value;
     /// An error as the last event of a client stream.
     fn stream_error_event(&self, body: &str) -> Bytes;
-    /// The provider's credentials and version headers on an upstream request.
+    /// Adds the provider's credentials and version headers to an upstream request's `headers`; an
+    /// API key that an HTTP header cannot carry is refused with the reason.
     fn authenticate(
         &self,
-        request: reqwest::RequestBuilder,
+        headers: &mut HeaderMap,
         api_key: Option<&str>,
         client_sent_version: bool,
-    ) -> reqwest::RequestBuilder;
+    ) -> Result<(), String>;
     /// The URL of `path` under an upstream `base`.
     fn url(&self, base: &str, path: &str) -> String;
     /// Adds this API's upstream fields to a request body's head: the prefix-cache hint of an upstream
@@ -185,14 +197,14 @@ impl ProviderAdapter for OpenAiAdapter {
 
     fn authenticate(
         &self,
-        request: reqwest::RequestBuilder,
+        headers: &mut HeaderMap,
         api_key: Option<&str>,
         _client_sent_version: bool,
-    ) -> reqwest::RequestBuilder {
-        match api_key {
-            Some(key) => request.bearer_auth(key),
-            None => request,
+    ) -> Result<(), String> {
+        if let Some(key) = api_key {
+            headers.insert(header::AUTHORIZATION, secret_header(&format!("Bearer {key}"))?);
         }
+        Ok(())
     }
 
     fn url(&self, base: &str, path: &str) -> String {
@@ -274,17 +286,17 @@ impl ProviderAdapter for AnthropicAdapter {
 
     fn authenticate(
         &self,
-        mut request: reqwest::RequestBuilder,
+        headers: &mut HeaderMap,
         api_key: Option<&str>,
         client_sent_version: bool,
-    ) -> reqwest::RequestBuilder {
+    ) -> Result<(), String> {
         if !client_sent_version {
-            request = request.header("anthropic-version", DEFAULT_ANTHROPIC_VERSION);
+            headers.insert("anthropic-version", HeaderValue::from_static(DEFAULT_ANTHROPIC_VERSION));
         }
-        match api_key {
-            Some(key) => request.header("x-api-key", key),
-            None => request,
+        if let Some(key) = api_key {
+            headers.insert("x-api-key", secret_header(key)?);
         }
+        Ok(())
     }
 
     fn url(&self, base: &str, path: &str) -> String {

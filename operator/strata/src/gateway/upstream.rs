@@ -1,13 +1,25 @@
 //! The HTTP client to the upstream provider: URLs, credentials, timeouts and error mapping.
+//!
+//! It is hyper-util's pooled client over [`super::connector`], not a higher-level client: the
+//! gateway needs no redirects, cookies or decompression, and on this path a higher-level client
+//! cost 35–40 µs a request (BENCHMARKS.md, "The floor: a zero-work proxy on hyper alone").
 
 use std::collections::HashMap;
+use std::convert::Infallible;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
-use axum::http::{HeaderMap, HeaderValue, header};
+use axum::http::{HeaderMap, HeaderValue, Method, Request, StatusCode, Uri, header};
 use bytes::{Bytes, BytesMut};
+use http_body_util::combinators::BoxBody;
+use http_body_util::{BodyExt, Empty, Full, StreamBody};
+use hyper::body::{Body as _, Frame, Incoming};
+use hyper_util::client::legacy::Client;
+use hyper_util::rt::TokioExecutor;
+use tokio::time::Instant;
 
 use super::config::Settings;
+use super::connector::{ProxiedConnector, UpstreamConnector, upstream_connector};
 use super::errors::GatewayError;
 use super::provider::adapter_for;
 use strata_core::session::render::body::ChunkedBody;
@@ -41,10 +53,30 @@ const WHOLE_BODY_BELOW_BYTES: usize = 14 * 1024;
 /// Distinct upstream URLs kept parsed at most (an endpoint changes only with the config).
 const PARSED_URLS_KEPT: usize = 16;
 
+/// Idle connections kept per upstream host.
+const IDLE_CONNECTIONS_PER_HOST: usize = 1024;
+
+/// A request body as it goes upstream.
+type UpstreamBody = BoxBody<Bytes, Infallible>;
+
 /// A request body as it is sent upstream.
 enum Payload {
     Whole(Bytes),
     Pieces(Vec<Bytes>),
+}
+
+impl Payload {
+    /// The body of one attempt; both kinds are shared buffers, so a repeated attempt copies no
+    /// body bytes.
+    fn body(&self) -> UpstreamBody {
+        match self {
+            Payload::Whole(bytes) => Full::new(bytes.clone()).boxed(),
+            Payload::Pieces(chunks) => {
+                let frames = chunks.clone().into_iter().map(|chunk| Ok::<_, Infallible>(Frame::data(chunk)));
+                StreamBody::new(futures::stream::iter(frames)).boxed()
+            }
+        }
+    }
 }
 
 /// A failure building the HTTP client.
@@ -54,14 +86,100 @@ pub struct ClientError {
     reason: String,
 }
 
+/// The upstream's answer: its status and headers, and its body still to be read.
+pub struct UpstreamResponse {
+    response: axum::http::Response<Incoming>,
+    url: String,
+    read_timeout: Duration,
+    /// When the whole call must be over (requests that are not streamed).
+    deadline: Option<Instant>,
+    timeout_seconds: u32,
+}
+
+impl std::fmt::Debug for UpstreamResponse {
+    fn fmt(&self, formatter: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        formatter
+            .debug_struct("UpstreamResponse")
+            .field("url", &self.url)
+            .field("status", &self.response.status())
+            .finish_non_exhaustive()
+    }
+}
+
+impl UpstreamResponse {
+    /// The status.
+    pub fn status(&self) -> StatusCode {
+        self.response.status()
+    }
+
+    /// The headers.
+    pub fn headers(&self) -> &HeaderMap {
+        self.response.headers()
+    }
+
+    /// The next piece of the body, `None` at its end. Each read waits at most the read timeout,
+    /// and no longer than the call's deadline.
+    pub async fn chunk(&mut self) -> Result<Option<Bytes>, GatewayError> {
+        loop {
+            let wait = match self.deadline {
+                Some(deadline) => self.read_timeout.min(deadline.saturating_duration_since(Instant::now())),
+                None => self.read_timeout,
+            };
+            let frame = match tokio::time::timeout(wait, self.response.body_mut().frame()).await {
+                Err(_) => {
+                    return Err(GatewayError::UpstreamTimeout {
+                        url: self.url.clone(),
+                        seconds: self.timeout_seconds,
+                    });
+                }
+                Ok(None) => return Ok(None),
+                Ok(Some(Err(error))) => {
+                    return Err(GatewayError::UpstreamUnreachable {
+                        url: self.url.clone(),
+                        reason: error_chain(&error),
+                    });
+                }
+                Ok(Some(Ok(frame))) => frame,
+            };
+            if let Ok(data) = frame.into_data() {
+                return Ok(Some(data));
+            }
+        }
+    }
+}
+
+/// An error with every cause under it (a transport error's own text names only its kind).
+fn error_chain(error: &dyn std::error::Error) -> String {
+    let mut text = error.to_string();
+    let mut source = error.source();
+    while let Some(cause) = source {
+        text.push_str(": ");
+        text.push_str(&cause.to_string());
+        source = cause.source();
+    }
+    text
+}
+
 /// The upstream client, shared by all requests.
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub struct Upstream {
-    client: reqwest::Client,
+    client: Client<UpstreamConnector, UpstreamBody>,
+    /// The TCP side of the client's connector: which requests go through a proxy.
+    proxied: ProxiedConnector,
+    read_timeout: Duration,
     max_response_bytes: usize,
-    /// Upstream URLs by their text, parsed once: parsing one (the host goes through IDNA
-    /// processing) cost microseconds on every request.
-    parsed_urls: Arc<Mutex<HashMap<String, reqwest::Url>>>,
+    /// Upstream URLs by their text, parsed once.
+    parsed_urls: Arc<Mutex<HashMap<String, Uri>>>,
+}
+
+impl std::fmt::Debug for Upstream {
+    fn fmt(&self, formatter: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        formatter
+            .debug_struct("Upstream")
+            .field("read_timeout", &self.read_timeout)
+            .field("max_response_bytes", &self.max_response_bytes)
+            .finish_non_exhaustive()
+    }
 }
 
 fn base(settings: &Settings) -> String {
@@ -83,50 +201,63 @@ impl Upstream {
     /// answers of at most `max_response_bytes`.
     pub fn new(read_timeout: Duration, max_response_bytes: usize) -> Result<Self, ClientError> {
         let _ = rustls::crypto::ring::default_provider().install_default();
-        let client = reqwest::Client::builder()
-            .connect_timeout(Duration::from_secs(10))
-            .read_timeout(read_timeout)
-            .pool_max_idle_per_host(1024)
-            // A redirect is answered to the client as the upstream's status, never followed: a
-            // followed 307 would resend the prompt, and a provider's key header, to another host.
-            .redirect(reqwest::redirect::Policy::none())
-            .build()
-            .map_err(|error| ClientError { reason: error.to_string() })?;
-        Ok(Self { client, max_response_bytes, parsed_urls: Arc::default() })
+        let proxied = ProxiedConnector::from_environment();
+        let connector = upstream_connector(proxied.clone()).map_err(|reason| ClientError { reason })?;
+        // A redirect is answered to the client as the upstream's status, never followed: a
+        // followed 307 would resend the prompt, and a provider's key header, to another host.
+        // This client follows none.
+        let client = Client::builder(TokioExecutor::new())
+            .pool_max_idle_per_host(IDLE_CONNECTIONS_PER_HOST)
+            .build(connector);
+        Ok(Self { client, proxied, read_timeout, max_response_bytes, parsed_urls: Arc::default() })
     }
 
+    /// The request to `url` with the forwarded client headers and the provider's credentials.
     fn request(
         &self,
         settings: &Settings,
-        method: reqwest::Method,
+        method: Method,
         url: &str,
         client_headers: &HeaderMap,
-    ) -> reqwest::RequestBuilder {
-        let mut request = match self.parsed_url(url) {
-            Some(parsed) => self.client.request(method, parsed),
-            // Unparseable: reqwest reports it when the request is sent, as before.
-            None => self.client.request(method, url),
-        };
+        body: UpstreamBody,
+    ) -> Result<Request<UpstreamBody>, GatewayError> {
+        let uri = self.parsed_url(url).ok_or_else(|| GatewayError::UpstreamUnreachable {
+            url: url.to_owned(),
+            reason:
+                "the endpoint is not a valid http or https URL; fix upstream.endpoint in the agent's spec"
+                    .into(),
+        })?;
+        let mut headers = HeaderMap::new();
         for name in FORWARDED_HEADERS {
             if let Some(value) = client_headers.get(name) {
-                request = request.header(name, value.as_bytes());
+                headers.insert(name, value.clone());
             }
         }
         let client_sent_version = client_headers.contains_key("anthropic-version");
-        adapter_for(settings.provider()).authenticate(
-            request,
-            settings.api_key.as_deref(),
-            client_sent_version,
-        )
+        adapter_for(settings.provider())
+            .authenticate(&mut headers, settings.api_key.as_deref(), client_sent_version)
+            .map_err(|reason| GatewayError::UpstreamUnreachable { url: url.to_owned(), reason })?;
+        if let Some(credentials) = self.proxied.proxy_authorization(&uri) {
+            headers.insert(header::PROXY_AUTHORIZATION, credentials);
+        }
+        let mut request = Request::new(body);
+        *request.method_mut() = method;
+        *request.uri_mut() = uri;
+        *request.headers_mut() = headers;
+        Ok(request)
     }
 
-    /// `text` parsed, from the cache when it was parsed before; `None` if it is not a URL.
-    fn parsed_url(&self, text: &str) -> Option<reqwest::Url> {
+    /// `text` parsed, from the cache when it was parsed before; `None` if it is not an absolute
+    /// http or https URL.
+    fn parsed_url(&self, text: &str) -> Option<Uri> {
         let mut parsed = self.parsed_urls.lock().unwrap_or_else(PoisonError::into_inner);
         if let Some(url) = parsed.get(text) {
             return Some(url.clone());
         }
-        let url = reqwest::Url::parse(text).ok()?;
+        let url: Uri = text.parse().ok()?;
+        if !matches!(url.scheme_str(), Some("http" | "https")) || url.host().is_none() {
+            return None;
+        }
         if parsed.len() >= PARSED_URLS_KEPT {
             parsed.clear();
         }
@@ -134,27 +265,61 @@ impl Upstream {
         Some(url)
     }
 
-    fn map_error(settings: &Settings, url: &str, error: reqwest::Error) -> GatewayError {
-        if error.is_timeout() {
-            GatewayError::UpstreamTimeout {
-                url: url.to_owned(),
-                seconds: settings.config.upstream.timeout_seconds,
-            }
-        } else {
-            GatewayError::UpstreamUnreachable { url: url.to_owned(), reason: error.to_string() }
-        }
-    }
-
     /// The largest answer read, in bytes.
     pub fn max_response_bytes(&self) -> usize {
         self.max_response_bytes
     }
 
-    async fn check(
+    /// Sends `request` (built anew for each attempt by `build`) and waits for the answer's head,
+    /// trying a refused connection again. Waits at most the read timeout, and no longer than
+    /// `deadline`.
+    async fn send(
         &self,
         settings: &Settings,
-        response: reqwest::Response,
-    ) -> Result<reqwest::Response, GatewayError> {
+        url: &str,
+        build: impl Fn() -> Result<Request<UpstreamBody>, GatewayError>,
+        deadline: Option<Instant>,
+    ) -> Result<UpstreamResponse, GatewayError> {
+        let timeout_seconds = settings.config.upstream.timeout_seconds;
+        let timed_out = || GatewayError::UpstreamTimeout { url: url.to_owned(), seconds: timeout_seconds };
+        let mut attempt = 1;
+        loop {
+            let wait = match deadline {
+                Some(deadline) => self.read_timeout.min(deadline.saturating_duration_since(Instant::now())),
+                None => self.read_timeout,
+            };
+            let sent =
+                tokio::time::timeout(wait, self.client.request(build()?)).await.map_err(|_| timed_out())?;
+            match sent {
+                Ok(response) => {
+                    let response = UpstreamResponse {
+                        response,
+                        url: url.to_owned(),
+                        read_timeout: self.read_timeout,
+                        deadline,
+                        timeout_seconds,
+                    };
+                    return self.check(response).await;
+                }
+                // Nothing was sent when the connection could not be made, so trying again cannot
+                // duplicate a model call: an upstream that briefly refuses connections (a full
+                // accept queue, a restarting proxy) is tried again after a short pause.
+                Err(error) if error.is_connect() && attempt < CONNECT_ATTEMPTS => {
+                    tracing::warn!(%url, attempt, error = %error_chain(&error), "upstream connection failed; trying again");
+                    tokio::time::sleep(CONNECT_RETRY_PAUSE * attempt).await;
+                    attempt += 1;
+                }
+                Err(error) => {
+                    return Err(GatewayError::UpstreamUnreachable {
+                        url: url.to_owned(),
+                        reason: error_chain(&error),
+                    });
+                }
+            }
+        }
+    }
+
+    async fn check(&self, mut response: UpstreamResponse) -> Result<UpstreamResponse, GatewayError> {
         if response.status().is_success() {
             return Ok(response);
         }
@@ -169,7 +334,7 @@ impl Upstream {
                 headers.append(name.clone(), value.clone());
             }
         }
-        let body = self.read_body(settings, response).await?;
+        let body = self.read_body(&mut response).await?;
         Err(GatewayError::UpstreamStatus { status, headers: Box::new(headers), body })
     }
 
@@ -181,7 +346,7 @@ impl Upstream {
         body: ChunkedBody,
         client_headers: &HeaderMap,
         stream: bool,
-    ) -> Result<reqwest::Response, GatewayError> {
+    ) -> Result<UpstreamResponse, GatewayError> {
         let url = url(settings, path);
         let length = body.len();
         let payload = if length < WHOLE_BODY_BELOW_BYTES {
@@ -189,58 +354,39 @@ impl Upstream {
         } else {
             Payload::Pieces(body.into_chunks())
         };
-        let mut attempt = 1;
-        let response = loop {
-            // Both are shared buffers: a repeated attempt copies no body bytes.
-            let body = match &payload {
-                Payload::Whole(bytes) => reqwest::Body::from(bytes.clone()),
-                Payload::Pieces(chunks) => reqwest::Body::wrap_stream(futures::stream::iter(
-                    chunks.clone().into_iter().map(Ok::<Bytes, std::io::Error>),
-                )),
-            };
-            let mut request = self
-                .request(settings, reqwest::Method::POST, &url, client_headers)
-                .header(header::CONTENT_TYPE, HeaderValue::from_static("application/json"))
-                .header(header::CONTENT_LENGTH, length)
-                .body(body);
-            if !stream {
-                request =
-                    request.timeout(Duration::from_secs(u64::from(settings.config.upstream.timeout_seconds)));
-            }
-            match request.send().await {
-                Ok(response) => break response,
-                // Nothing was sent when the connection could not be made, so trying again cannot
-                // duplicate a model call: an upstream that briefly refuses connections (a full
-                // accept queue, a restarting proxy) is tried again after a short pause.
-                Err(error) if error.is_connect() && attempt < CONNECT_ATTEMPTS => {
-                    tracing::warn!(%url, attempt, %error, "upstream connection failed; trying again");
-                    tokio::time::sleep(CONNECT_RETRY_PAUSE * attempt).await;
-                    attempt += 1;
-                }
-                Err(error) => return Err(Self::map_error(settings, &url, error)),
-            }
+        let deadline = (!stream).then(|| {
+            Instant::now() + Duration::from_secs(u64::from(settings.config.upstream.timeout_seconds))
+        });
+        let build = || {
+            let mut request = self.request(settings, Method::POST, &url, client_headers, payload.body())?;
+            let headers = request.headers_mut();
+            headers.insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
+            headers.insert(header::CONTENT_LENGTH, HeaderValue::from(length));
+            Ok(request)
         };
-        self.check(settings, response).await
+        self.send(settings, &url, build, deadline).await
     }
 
     /// Reads a whole answer body, refusing one over the limit as soon as it is exceeded (a
     /// declared length over it is refused before reading).
-    pub async fn read_body(
-        &self,
-        settings: &Settings,
-        mut response: reqwest::Response,
-    ) -> Result<Bytes, GatewayError> {
+    pub async fn read_body(&self, response: &mut UpstreamResponse) -> Result<Bytes, GatewayError> {
         let limit = self.max_response_bytes;
-        if response.content_length().is_some_and(|length| length > limit as u64) {
+        let declared = response
+            .headers()
+            .get(header::CONTENT_LENGTH)
+            .and_then(|value| value.to_str().ok())
+            .and_then(|text| text.parse::<u64>().ok());
+        if declared.is_some_and(|length| length > limit as u64) {
             return Err(GatewayError::UpstreamTooLarge { limit });
         }
-        let url = response.url().to_string();
         let mut body = BytesMut::new();
-        while let Some(chunk) =
-            response.chunk().await.map_err(|error| Self::map_error(settings, &url, error))?
-        {
+        while let Some(chunk) = response.chunk().await? {
             if body.len() + chunk.len() > limit {
                 return Err(GatewayError::UpstreamTooLarge { limit });
+            }
+            if body.is_empty() && response.response.body().is_end_stream() {
+                // The whole body in one piece: no copy.
+                return Ok(chunk);
             }
             body.extend_from_slice(&chunk);
         }
@@ -253,17 +399,22 @@ impl Upstream {
         settings: &Settings,
         path: &str,
         client_headers: &HeaderMap,
-    ) -> Result<(reqwest::StatusCode, Option<HeaderValue>, Bytes), GatewayError> {
+    ) -> Result<(StatusCode, Option<HeaderValue>, Bytes), GatewayError> {
         let url = url(settings, path);
-        let response = self
-            .request(settings, reqwest::Method::GET, &url, client_headers)
-            .timeout(Duration::from_secs(u64::from(settings.config.upstream.timeout_seconds)))
-            .send()
-            .await
-            .map_err(|error| Self::map_error(settings, &url, error))?;
+        let deadline =
+            Instant::now() + Duration::from_secs(u64::from(settings.config.upstream.timeout_seconds));
+        let build = || self.request(settings, Method::GET, &url, client_headers, Empty::new().boxed());
+        // A non-2xx answer is passed through as it is, like a 2xx one.
+        let mut response = match self.send(settings, &url, build, Some(deadline)).await {
+            Ok(response) => response,
+            Err(GatewayError::UpstreamStatus { status, headers, body }) => {
+                return Ok((status, headers.get(header::CONTENT_TYPE).cloned(), body));
+            }
+            Err(error) => return Err(error),
+        };
         let status = response.status();
         let content_type = response.headers().get(header::CONTENT_TYPE).cloned();
-        let body = self.read_body(settings, response).await?;
+        let body = self.read_body(&mut response).await?;
         Ok((status, content_type, body))
     }
 }
@@ -278,9 +429,10 @@ mod tests {
         let upstream = Upstream::new(Duration::from_secs(5), DEFAULT_MAX_RESPONSE_BYTES).unwrap();
         let text = "http://127.0.0.1:8080/v1/chat/completions";
         let first = upstream.parsed_url(text).unwrap();
-        assert_eq!(first.as_str(), text);
+        assert_eq!(first.to_string(), text);
         assert_eq!(upstream.parsed_url(text).unwrap(), first, "the cached parse is the same URL");
-        assert!(upstream.parsed_url("not a url").is_none(), "reqwest reports it when sending");
+        assert!(upstream.parsed_url("not a url").is_none());
+        assert!(upstream.parsed_url("ftp://127.0.0.1/v1/models").is_none(), "only http and https");
         for port in 0..3 * PARSED_URLS_KEPT {
             upstream.parsed_url(&format!("http://127.0.0.1:{port}/v1/messages")).unwrap();
             assert!(upstream.parsed_urls.lock().unwrap().len() <= PARSED_URLS_KEPT);
@@ -344,9 +496,13 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let settings = settings(dir.path(), "http://127.0.0.1:9/v1");
         let upstream = Upstream::new(Duration::from_secs(5), DEFAULT_MAX_RESPONSE_BYTES).unwrap();
-        let request = upstream.request(&settings, reqwest::Method::GET, "not a url", &HeaderMap::new());
-        let error = request.send().await.unwrap_err();
-        assert!(error.is_builder(), "{error}");
+        let request =
+            upstream.request(&settings, Method::GET, "not a url", &HeaderMap::new(), Empty::new().boxed());
+        let Err(GatewayError::UpstreamUnreachable { url, reason }) = request else {
+            panic!("an unparseable URL was accepted");
+        };
+        assert_eq!(url, "not a url");
+        assert!(reason.contains("upstream.endpoint"), "{reason}");
         assert!(upstream.parsed_urls.lock().unwrap().is_empty(), "nothing unparseable is cached");
     }
 }

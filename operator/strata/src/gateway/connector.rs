@@ -1,0 +1,239 @@
+//! How the gateway reaches its upstream: TCP with `TCP_NODELAY`, through the HTTP proxy the
+//! environment names if any, and TLS with the platform's roots for `https` endpoints.
+//!
+//! The environment's proxy is read as curl reads it: `HTTPS_PROXY`, `HTTP_PROXY` and `ALL_PROXY`
+//! (each also lower-case), with `NO_PROXY` exempting hosts. An `https` endpoint is reached through
+//! a `CONNECT` tunnel; a plain `http` one by sending the request to the proxy in absolute form.
+//! Credentials in the proxy's URL go with every request to it (`Proxy-Authorization: Basic`).
+
+use std::future::Future;
+use std::io;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use axum::http::{HeaderValue, Uri};
+use hyper::rt::{Read, ReadBufCursor, Write};
+use hyper_rustls::{HttpsConnector, HttpsConnectorBuilder};
+use hyper_util::client::legacy::connect::proxy::Tunnel;
+use hyper_util::client::legacy::connect::{Connected, Connection, HttpConnector};
+use hyper_util::client::proxy::matcher::Matcher;
+use hyper_util::rt::TokioIo;
+use rustls_platform_verifier::ConfigVerifierExt;
+use tokio::net::TcpStream;
+use tower::Service;
+
+/// Time allowed to open a TCP connection (to the upstream or its proxy).
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// A connection error of any layer.
+type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+/// The full connector: the proxy-aware TCP connector wrapped in TLS for `https` endpoints.
+pub type UpstreamConnector = HttpsConnector<ProxiedConnector>;
+
+/// Wraps `proxied` in TLS with the platform verifier's roots, HTTP/2 offered by ALPN.
+pub fn upstream_connector(proxied: ProxiedConnector) -> Result<UpstreamConnector, String> {
+    let tls = rustls::ClientConfig::with_platform_verifier()
+        .map_err(|error| format!("loading the platform's TLS roots: {error}"))?;
+    Ok(HttpsConnectorBuilder::new()
+        .with_tls_config(tls)
+        .https_or_http()
+        .enable_http1()
+        .enable_http2()
+        .wrap_connector(proxied))
+}
+
+/// Opens TCP connections to the upstream, or to the proxy the environment names for it.
+#[derive(Clone)]
+pub struct ProxiedConnector {
+    tcp: HttpConnector,
+    proxies: Arc<Matcher>,
+}
+
+impl ProxiedConnector {
+    /// A connector that honours the environment's proxy variables.
+    pub fn from_environment() -> Self {
+        Self::with_proxies(Matcher::from_env())
+    }
+
+    fn with_proxies(proxies: Matcher) -> Self {
+        let mut tcp = HttpConnector::new();
+        tcp.enforce_http(false);
+        tcp.set_nodelay(true);
+        tcp.set_connect_timeout(Some(CONNECT_TIMEOUT));
+        Self { tcp, proxies: Arc::new(proxies) }
+    }
+
+    /// The `Proxy-Authorization` value for a plain-HTTP request to `uri` sent through a proxy with
+    /// credentials, if that is how `uri` is reached.
+    pub fn proxy_authorization(&self, uri: &Uri) -> Option<HeaderValue> {
+        if uri.scheme_str() == Some("https") {
+            return None;
+        }
+        self.proxies.intercept(uri).and_then(|proxy| proxy.basic_auth().cloned())
+    }
+}
+
+/// A TCP connection to the upstream or to its proxy. `through_proxy` marks a plain-HTTP
+/// connection to a proxy, to which requests go in absolute form.
+pub struct ProxiedStream {
+    io: TokioIo<TcpStream>,
+    through_proxy: bool,
+}
+
+impl Service<Uri> for ProxiedConnector {
+    type Response = ProxiedStream;
+    type Error = BoxError;
+    type Future = Pin<Box<dyn Future<Output = Result<ProxiedStream, BoxError>> + Send>>;
+
+    fn poll_ready(&mut self, context: &mut Context<'_>) -> Poll<Result<(), BoxError>> {
+        Service::<Uri>::poll_ready(&mut self.tcp, context).map_err(Into::into)
+    }
+
+    fn call(&mut self, destination: Uri) -> Self::Future {
+        let mut tcp = self.tcp.clone();
+        let proxy = self.proxies.intercept(&destination);
+        Box::pin(async move {
+            match proxy {
+                None => {
+                    let io = tcp.call(destination).await?;
+                    Ok(ProxiedStream { io, through_proxy: false })
+                }
+                Some(proxy) if destination.scheme_str() == Some("https") => {
+                    let mut tunnel = Tunnel::new(proxy.uri().clone(), tcp);
+                    if let Some(credentials) = proxy.basic_auth() {
+                        tunnel = tunnel.with_auth(credentials.clone());
+                    }
+                    let io = tunnel.call(destination).await.map_err(|error| {
+                        BoxError::from(format!("opening a tunnel through the proxy {}: {error}", proxy.uri()))
+                    })?;
+                    Ok(ProxiedStream { io, through_proxy: false })
+                }
+                Some(proxy) => {
+                    let io = tcp.call(proxy.uri().clone()).await.map_err(|error| {
+                        BoxError::from(format!("connecting to the proxy {}: {error}", proxy.uri()))
+                    })?;
+                    Ok(ProxiedStream { io, through_proxy: true })
+                }
+            }
+        })
+    }
+}
+
+impl Connection for ProxiedStream {
+    fn connected(&self) -> Connected {
+        self.io.inner().connected().proxy(self.through_proxy)
+    }
+}
+
+impl Read for ProxiedStream {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        context: &mut Context<'_>,
+        buffer: ReadBufCursor<'_>,
+    ) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.get_mut().io).poll_read(context, buffer)
+    }
+}
+
+impl Write for ProxiedStream {
+    fn poll_write(self: Pin<&mut Self>, context: &mut Context<'_>, bytes: &[u8]) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.get_mut().io).poll_write(context, bytes)
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, context: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.get_mut().io).poll_flush(context)
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, context: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.get_mut().io).poll_shutdown(context)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.io.is_write_vectored()
+    }
+
+    fn poll_write_vectored(
+        self: Pin<&mut Self>,
+        context: &mut Context<'_>,
+        buffers: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.get_mut().io).poll_write_vectored(context, buffers)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    fn matcher(http_proxy: &str, no_proxy: &str) -> Matcher {
+        Matcher::builder().http(http_proxy).https(http_proxy).no(no_proxy).build()
+    }
+
+    #[test]
+    fn credentials_go_with_plain_http_requests_through_a_proxy_only() {
+        let connector =
+            ProxiedConnector::with_proxies(matcher("http://user:secret@127.0.0.1:3128", "internal"));
+        let plain: Uri = "http://model.example/v1/chat/completions".parse().unwrap();
+        let auth = connector.proxy_authorization(&plain).unwrap();
+        assert_eq!(auth.to_str().unwrap(), "Basic dXNlcjpzZWNyZXQ=");
+        let tls: Uri = "https://model.example/v1/chat/completions".parse().unwrap();
+        assert!(connector.proxy_authorization(&tls).is_none(), "sent in the CONNECT, not the request");
+        let exempt: Uri = "http://internal/v1/chat/completions".parse().unwrap();
+        assert!(connector.proxy_authorization(&exempt).is_none(), "NO_PROXY is honoured");
+    }
+
+    /// An `https` endpoint is spoken to in TLS: the first bytes it receives are a TLS handshake
+    /// record, and an endpoint that answers in plain HTTP fails the call.
+    #[tokio::test]
+    async fn an_https_endpoint_is_reached_over_tls() {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let _ = rustls::crypto::ring::default_provider().install_default();
+        let server = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let address = server.local_addr().unwrap();
+        let first_byte = tokio::spawn(async move {
+            let (mut stream, _) = server.accept().await.unwrap();
+            let mut byte = [0u8; 1];
+            stream.read_exact(&mut byte).await.unwrap();
+            let _ = stream.write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\n{}").await;
+            byte[0]
+        });
+        let connector =
+            upstream_connector(ProxiedConnector::with_proxies(Matcher::builder().build())).unwrap();
+        let client = hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
+            .build::<_, http_body_util::Empty<bytes::Bytes>>(connector);
+        let answer = client.get(format!("https://{address}/v1/models").parse().unwrap()).await;
+        assert!(answer.is_err(), "a plain-HTTP answer to a TLS client is refused");
+        assert_eq!(first_byte.await.unwrap(), 0x16, "the connection opened with a TLS handshake record");
+    }
+
+    /// A plain-HTTP endpoint behind a proxy: the connection goes to the proxy, and the request is
+    /// sent to it in absolute form.
+    #[tokio::test]
+    async fn a_plain_http_request_goes_to_the_proxy_in_absolute_form() {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let proxy = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let proxy_address = proxy.local_addr().unwrap();
+        let seen = tokio::spawn(async move {
+            let (mut stream, _) = proxy.accept().await.unwrap();
+            let mut head = Vec::new();
+            let mut buffer = [0u8; 1024];
+            while !head.windows(4).any(|window| window == b"\r\n\r\n") {
+                let read = stream.read(&mut buffer).await.unwrap();
+                head.extend_from_slice(&buffer[..read]);
+            }
+            stream.write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\n{}").await.unwrap();
+            String::from_utf8(head).unwrap()
+        });
+        let connector = ProxiedConnector::with_proxies(matcher(&format!("http://{proxy_address}"), ""));
+        let client = hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
+            .build::<_, http_body_util::Empty<bytes::Bytes>>(connector);
+        let answer = client.get("http://model.example:8080/v1/models".parse().unwrap()).await.unwrap();
+        assert_eq!(answer.status(), 200);
+        let head = seen.await.unwrap();
+        assert!(head.starts_with("GET http://model.example:8080/v1/models HTTP/1.1\r\n"), "{head}");
+    }
+}
