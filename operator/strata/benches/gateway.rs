@@ -15,8 +15,8 @@
 //! (`strata_gateway_added_overhead_seconds`) and of waiting on the upstream. The sequential phases
 //! also time two reference paths (`gateway_bench/pass_through.rs`), each a proxy in its own process
 //! that sends the upstream the gateway's last body, staged before the turn, and does none of the
-//! gateway's work: the two-hop limit, on the gateway's HTTP stack (axum and reqwest); and the floor,
-//! on hyper alone. Each measured turn times the gateway, the direct path, the limit and the floor,
+//! gateway's work: the two-hop limit, on the gateway's HTTP stack (axum server, hyper-util client);
+//! and the floor, on hyper's own server with the same client. Each measured turn times the gateway, the direct path, the limit and the floor,
 //! in that order.
 //!
 //! CI mode: `STRATA_BENCH_CI_MAX_RATIO=R` runs only the sequential phases, Stateful and
@@ -215,7 +215,7 @@ const TRANSPARENT: &str = "transparent";
 
 /// How the reference paths are named in the report, in the order they are timed.
 const REFERENCE_LABELS: [&str; 2] =
-    ["two-hop limit (pass-through proxy, axum and reqwest)", "floor (zero-work proxy, hyper alone)"];
+    ["two-hop limit (pass-through proxy, axum server)", "floor (zero-work proxy, hyper server)"];
 
 struct Phase {
     gateway: Vec<Duration>,

@@ -1,11 +1,13 @@
 //! The gateway bench's reference proxies, each in its own process. Both take a client's request and
 //! send the upstream a body staged beforehand (the one the gateway sent), so they move the bytes a
-//! Stateful gateway moves with none of its work, and pass the answer back:
-//! - the two-hop limit ([`ARG`]): the gateway's HTTP stack (axum server with `TCP_NODELAY`, reqwest
-//!   client, two runtime workers);
-//! - the floor ([`FLOOR_ARG`]): hyper alone, the library under both (its HTTP/1 server and
-//!   hyper-util's pooled client, `TCP_NODELAY` both ways, two runtime workers), with the upstream's
-//!   answer handed back as it arrives. It is the least any proxy on this machine's loopback pays.
+//! Stateful gateway moves with none of its work, and pass the answer back as it arrives. Both send
+//! with the gateway's upstream client (hyper-util's pooled client, `TCP_NODELAY`) and run two
+//! runtime workers, like the gateway:
+//! - the two-hop limit ([`ARG`]): behind the gateway's server, axum with `TCP_NODELAY`;
+//! - the floor ([`FLOOR_ARG`]): behind hyper's own HTTP/1 server, the library under axum.
+//!
+//! Until the gateway's upstream client moved from reqwest to hyper-util, the limit sent with
+//! reqwest, as the gateway then did (BENCHMARKS.md, "The floor").
 
 use std::io::{BufRead, Write};
 use std::net::SocketAddr;
@@ -65,10 +67,35 @@ impl Drop for PassThrough {
     }
 }
 
-struct Forward {
-    client: reqwest::Client,
-    url: String,
+/// A proxy's state: the upstream client, where it sends, and the body to send.
+struct Relay {
+    client: Client<HttpConnector, Full<Bytes>>,
+    uri: Uri,
     staged: std::sync::Mutex<Bytes>,
+}
+
+impl Relay {
+    /// A relay to the fake `upstream`, with the gateway's client settings.
+    fn to(upstream: &str) -> std::sync::Arc<Self> {
+        let mut connector = HttpConnector::new();
+        connector.set_nodelay(true);
+        std::sync::Arc::new(Self {
+            client: Client::builder(TokioExecutor::new()).build(connector),
+            uri: format!("http://{upstream}/v1/chat/completions").parse().unwrap(),
+            staged: std::sync::Mutex::new(Bytes::new()),
+        })
+    }
+
+    /// Sends the staged body upstream; the answer's head, its body still to come.
+    async fn send_staged(&self) -> Result<hyper::Response<Incoming>, String> {
+        let staged = self.staged.lock().unwrap().clone();
+        let upstream = Request::post(self.uri.clone())
+            .header(header::CONTENT_TYPE, "application/json")
+            .header("x-bench-direct", "1")
+            .body(Full::new(staged))
+            .unwrap();
+        self.client.request(upstream).await.map_err(|error| error.to_string())
+    }
 }
 
 /// Exits this process once the parent goes away (the parent holds our stdin: its end of file
@@ -101,15 +128,10 @@ pub fn serve(upstream: &str) {
     exit_with_parent();
     runtime().block_on(async move {
         let listener = listen();
-        let forward = std::sync::Arc::new(Forward {
-            client: reqwest::Client::new(),
-            url: format!("http://{upstream}/v1/chat/completions"),
-            staged: std::sync::Mutex::new(Bytes::new()),
-        });
         let router = Router::new()
             .route("/v1/chat/completions", post(forward_staged))
             .route("/stage", post(stage))
-            .with_state(forward);
+            .with_state(Relay::to(upstream));
         let listener = axum::serve::ListenerExt::tap_io(listener, |stream| {
             let _ = stream.set_nodelay(true);
         });
@@ -118,39 +140,17 @@ pub fn serve(upstream: &str) {
 }
 
 /// Keeps `body` as what the next requests send upstream.
-async fn stage(State(forward): State<std::sync::Arc<Forward>>, body: Bytes) -> StatusCode {
-    *forward.staged.lock().unwrap() = body;
+async fn stage(State(relay): State<std::sync::Arc<Relay>>, body: Bytes) -> StatusCode {
+    *relay.staged.lock().unwrap() = body;
     StatusCode::NO_CONTENT
 }
 
-/// Reads the client's request and sends the staged body upstream; streams the answer back.
-async fn forward_staged(State(forward): State<std::sync::Arc<Forward>>, _request: Bytes) -> Response {
-    let body = forward.staged.lock().unwrap().clone();
-    let sent = forward
-        .client
-        .post(&forward.url)
-        .header(header::CONTENT_TYPE, "application/json")
-        .header("x-bench-direct", "1")
-        .body(body)
-        .send()
-        .await;
-    match sent {
-        Ok(answer) => {
-            let mut response = Response::builder().status(answer.status().as_u16());
-            if let Some(kind) = answer.headers().get(header::CONTENT_TYPE) {
-                response = response.header(header::CONTENT_TYPE, kind);
-            }
-            response.body(Body::from_stream(answer.bytes_stream())).unwrap()
-        }
-        Err(error) => (StatusCode::BAD_GATEWAY, error.to_string()).into_response(),
+/// Reads the client's request and sends the staged body upstream; passes the answer back.
+async fn forward_staged(State(relay): State<std::sync::Arc<Relay>>, _request: Bytes) -> Response {
+    match relay.send_staged().await {
+        Ok(answer) => answer.map(Body::new),
+        Err(error) => (StatusCode::BAD_GATEWAY, error).into_response(),
     }
-}
-
-/// The floor's state: hyper-util's pooled client and the body to send.
-struct Floor {
-    client: Client<HttpConnector, Full<Bytes>>,
-    uri: Uri,
-    staged: std::sync::Mutex<Bytes>,
 }
 
 /// Serves as the floor's proxy in front of `upstream` until the parent goes away.
@@ -158,19 +158,13 @@ pub fn serve_floor(upstream: &str) {
     exit_with_parent();
     runtime().block_on(async move {
         let listener = listen();
-        let mut connector = HttpConnector::new();
-        connector.set_nodelay(true);
-        let floor = std::sync::Arc::new(Floor {
-            client: Client::builder(TokioExecutor::new()).build(connector),
-            uri: format!("http://{upstream}/v1/chat/completions").parse().unwrap(),
-            staged: std::sync::Mutex::new(Bytes::new()),
-        });
+        let relay = Relay::to(upstream);
         loop {
             let Ok((stream, _)) = listener.accept().await else { continue };
             let _ = stream.set_nodelay(true);
-            let floor = std::sync::Arc::clone(&floor);
+            let relay = std::sync::Arc::clone(&relay);
             tokio::spawn(async move {
-                let service = service_fn(move |request| floor_answer(std::sync::Arc::clone(&floor), request));
+                let service = service_fn(move |request| floor_answer(std::sync::Arc::clone(&relay), request));
                 let _ = hyper::server::conn::http1::Builder::new()
                     .serve_connection(TokioIo::new(stream), service)
                     .await;
@@ -182,29 +176,23 @@ pub fn serve_floor(upstream: &str) {
 /// `/stage` keeps the body as what the next requests send; any other request sends the staged body
 /// upstream and answers with the upstream's answer, its body passed through as it arrives.
 async fn floor_answer(
-    floor: std::sync::Arc<Floor>,
+    relay: std::sync::Arc<Relay>,
     request: Request<Incoming>,
 ) -> Result<Response<Either<Incoming, Full<Bytes>>>, hyper::Error> {
     let staging = request.uri().path() == "/stage";
     let body = request.into_body().collect().await?.to_bytes();
     if staging {
-        *floor.staged.lock().unwrap() = body;
+        *relay.staged.lock().unwrap() = body;
         return Ok(Response::builder()
             .status(StatusCode::NO_CONTENT)
             .body(Either::Right(Full::default()))
             .unwrap());
     }
-    let staged = floor.staged.lock().unwrap().clone();
-    let upstream = Request::post(floor.uri.clone())
-        .header(header::CONTENT_TYPE, "application/json")
-        .header("x-bench-direct", "1")
-        .body(Full::new(staged))
-        .unwrap();
-    Ok(match floor.client.request(upstream).await {
+    Ok(match relay.send_staged().await {
         Ok(answer) => answer.map(Either::Left),
         Err(error) => Response::builder()
             .status(StatusCode::BAD_GATEWAY)
-            .body(Either::Right(Full::new(Bytes::from(error.to_string()))))
+            .body(Either::Right(Full::new(Bytes::from(error))))
             .unwrap(),
     })
 }
