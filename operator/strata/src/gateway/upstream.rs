@@ -15,7 +15,7 @@ use http_body_util::combinators::BoxBody;
 use http_body_util::{BodyExt, Empty, Full, StreamBody};
 use hyper::body::{Body as _, Frame, Incoming};
 use hyper_util::client::legacy::Client;
-use hyper_util::rt::TokioExecutor;
+use hyper_util::rt::{TokioExecutor, TokioTimer};
 use tokio::time::Instant;
 
 use super::config::Settings;
@@ -55,6 +55,9 @@ const PARSED_URLS_KEPT: usize = 16;
 
 /// Idle connections kept per upstream host.
 const IDLE_CONNECTIONS_PER_HOST: usize = 1024;
+
+/// How long an idle upstream connection is kept open.
+const IDLE_CONNECTION_TIMEOUT: Duration = Duration::from_secs(90);
 
 /// A request body as it goes upstream.
 type UpstreamBody = BoxBody<Bytes, Infallible>;
@@ -206,8 +209,14 @@ impl Upstream {
         // A redirect is answered to the client as the upstream's status, never followed: a
         // followed 307 would resend the prompt, and a provider's key header, to another host.
         // This client follows none.
+        // The timers close idle connections after `IDLE_CONNECTION_TIMEOUT` (without one the pool
+        // keeps them open for good: after a burst of 2,048 streams, that many sockets and their
+        // buffers) and run HTTP/2's keep-alive.
         let client = Client::builder(TokioExecutor::new())
             .pool_max_idle_per_host(IDLE_CONNECTIONS_PER_HOST)
+            .pool_idle_timeout(IDLE_CONNECTION_TIMEOUT)
+            .pool_timer(TokioTimer::new())
+            .timer(TokioTimer::new())
             .build(connector);
         Ok(Self { client, proxied, read_timeout, max_response_bytes, parsed_urls: Arc::default() })
     }
