@@ -203,18 +203,27 @@ impl Upstream {
     /// A client with the given per-read timeout (streams may run longer in total) that reads
     /// answers of at most `max_response_bytes`.
     pub fn new(read_timeout: Duration, max_response_bytes: usize) -> Result<Self, ClientError> {
+        Self::with_idle_timeout(read_timeout, max_response_bytes, IDLE_CONNECTION_TIMEOUT)
+    }
+
+    /// [`Self::new`] with idle connections closed after `idle_timeout`.
+    fn with_idle_timeout(
+        read_timeout: Duration,
+        max_response_bytes: usize,
+        idle_timeout: Duration,
+    ) -> Result<Self, ClientError> {
         let _ = rustls::crypto::ring::default_provider().install_default();
         let proxied = ProxiedConnector::from_environment();
         let connector = upstream_connector(proxied.clone()).map_err(|reason| ClientError { reason })?;
         // A redirect is answered to the client as the upstream's status, never followed: a
         // followed 307 would resend the prompt, and a provider's key header, to another host.
         // This client follows none.
-        // The timers close idle connections after `IDLE_CONNECTION_TIMEOUT` (without one the pool
+        // The timers close idle connections after `idle_timeout` (without one the pool
         // keeps them open for good: after a burst of 2,048 streams, that many sockets and their
         // buffers) and run HTTP/2's keep-alive.
         let client = Client::builder(TokioExecutor::new())
             .pool_max_idle_per_host(IDLE_CONNECTIONS_PER_HOST)
-            .pool_idle_timeout(IDLE_CONNECTION_TIMEOUT)
+            .pool_idle_timeout(idle_timeout)
             .pool_timer(TokioTimer::new())
             .timer(TokioTimer::new())
             .build(connector);
@@ -498,6 +507,39 @@ mod tests {
             );
         }
         assert_eq!(hits.load(Ordering::SeqCst), 0, "the prompt never reached the redirect's target");
+    }
+
+    /// An idle connection is closed after the idle timeout (hyper-util's pool needs a timer for
+    /// that; without one it keeps every idle connection open for good).
+    #[tokio::test]
+    async fn an_idle_upstream_connection_is_closed_after_the_idle_timeout() {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let server = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let address = server.local_addr().unwrap();
+        let closed = tokio::spawn(async move {
+            let (mut stream, _) = server.accept().await.unwrap();
+            let mut head = Vec::new();
+            let mut buffer = [0u8; 4096];
+            while !head.windows(4).any(|window| window == b"\r\n\r\n") {
+                let read = stream.read(&mut buffer).await.unwrap();
+                head.extend_from_slice(&buffer[..read]);
+            }
+            stream.write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\n{}").await.unwrap();
+            // The client keeps the connection for reuse, then closes it once idle for long enough.
+            let read = tokio::time::timeout(Duration::from_secs(5), stream.read(&mut buffer)).await;
+            matches!(read, Ok(Ok(0)))
+        });
+        let dir = tempfile::tempdir().unwrap();
+        let settings = settings(dir.path(), &format!("http://{address}/v1"));
+        let upstream = Upstream::with_idle_timeout(
+            Duration::from_secs(5),
+            DEFAULT_MAX_RESPONSE_BYTES,
+            Duration::from_millis(200),
+        )
+        .unwrap();
+        let (status, _, body) = upstream.get(&settings, "models", &HeaderMap::new()).await.unwrap();
+        assert_eq!((status.as_u16(), &body[..]), (200, &b"{}"[..]));
+        assert!(closed.await.unwrap(), "the idle connection was closed within 5 s");
     }
 
     #[tokio::test]
