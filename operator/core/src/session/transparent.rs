@@ -78,19 +78,17 @@ fn folding_summary(summaries: &[(u64, usize)], id: EntryId) -> Option<(u64, usiz
     summaries.iter().find(|(number, _)| *number > id.number()).copied()
 }
 
+/// The ID number of the newest summary among `entries`.
+fn newest_summary(entries: &[Entry]) -> Option<u64> {
+    entries.iter().filter(|entry| entry.id.kind() == EntryKind::Summary).map(|entry| entry.id.number()).max()
+}
+
 /// Whether rewinding to the first `keep` entries drops a summary that may hold a client turn older
 /// than the shared one (entry number `shared`), among the holders the generation no longer holds
 /// (`absent`), when no kept summary can hold that turn. The client sends such a turn as journaled, so
 /// only the dropped summary still held it. A summary is allocated after every entry it covers, so it
 /// can hold only entries numbered below it.
 fn may_drop_older_turns(entries: &[Entry], keep: usize, shared: u64, absent: &[u64]) -> bool {
-    let newest_summary = |entries: &[Entry]| {
-        entries
-            .iter()
-            .filter(|entry| entry.id.kind() == EntryKind::Summary)
-            .map(|entry| entry.id.number())
-            .max()
-    };
     let Some(newest_dropped) = newest_summary(&entries[keep..]) else { return false };
     let newest_kept = newest_summary(&entries[..keep]);
     absent.iter().any(|&holder| {
@@ -317,12 +315,8 @@ impl TransparentIndex {
     /// `id`: one the request, whose last known turn `id` holds, no longer sends (a regenerate or an
     /// edit after a compaction that kept that turn verbatim). Such a summary is not extended.
     fn summary_after_holds_newer(&self, entries: &[Entry], after: usize, id: EntryId) -> bool {
-        let newest_summary = entries[after..]
-            .iter()
-            .filter(|entry| entry.id.kind() == EntryKind::Summary && entry.id.number() > id.number())
-            .map(|entry| entry.id.number())
-            .max();
-        let Some(summary) = newest_summary else { return false };
+        // A holder between `id` and the newest summary after it is one that summary may hold.
+        let Some(summary) = newest_summary(&entries[after..]) else { return false };
         let present: HashSet<EntryId> = entries.iter().map(|entry| entry.id).collect();
         self.holders.iter().any(|holder| {
             holder.number() > id.number() && holder.number() < summary && !present.contains(holder)

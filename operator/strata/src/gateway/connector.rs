@@ -165,9 +165,22 @@ impl Write for ProxiedStream {
 }
 
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     #![allow(clippy::unwrap_used)]
     use super::*;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    /// Reads one request's head from `stream`, answers it `200` with `{}`, and returns the head.
+    pub(in crate::gateway) async fn answer_once(stream: &mut TcpStream) -> String {
+        let mut head = Vec::new();
+        let mut buffer = [0u8; 4096];
+        while !head.windows(4).any(|window| window == b"\r\n\r\n") {
+            let read = stream.read(&mut buffer).await.unwrap();
+            head.extend_from_slice(&buffer[..read]);
+        }
+        stream.write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\n{}").await.unwrap();
+        String::from_utf8(head).unwrap()
+    }
 
     fn matcher(http_proxy: &str, no_proxy: &str) -> Matcher {
         Matcher::builder().http(http_proxy).https(http_proxy).no(no_proxy).build()
@@ -190,7 +203,6 @@ mod tests {
     /// record, and an endpoint that answers in plain HTTP fails the call.
     #[tokio::test]
     async fn an_https_endpoint_is_reached_over_tls() {
-        use tokio::io::{AsyncReadExt, AsyncWriteExt};
         let _ = rustls::crypto::ring::default_provider().install_default();
         let server = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let address = server.local_addr().unwrap();
@@ -214,19 +226,11 @@ mod tests {
     /// sent to it in absolute form.
     #[tokio::test]
     async fn a_plain_http_request_goes_to_the_proxy_in_absolute_form() {
-        use tokio::io::{AsyncReadExt, AsyncWriteExt};
         let proxy = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let proxy_address = proxy.local_addr().unwrap();
         let seen = tokio::spawn(async move {
             let (mut stream, _) = proxy.accept().await.unwrap();
-            let mut head = Vec::new();
-            let mut buffer = [0u8; 1024];
-            while !head.windows(4).any(|window| window == b"\r\n\r\n") {
-                let read = stream.read(&mut buffer).await.unwrap();
-                head.extend_from_slice(&buffer[..read]);
-            }
-            stream.write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\n{}").await.unwrap();
-            String::from_utf8(head).unwrap()
+            answer_once(&mut stream).await
         });
         let connector = ProxiedConnector::with_proxies(matcher(&format!("http://{proxy_address}"), ""));
         let client = hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())

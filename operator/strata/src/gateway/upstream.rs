@@ -124,10 +124,7 @@ impl UpstreamResponse {
     /// and no longer than the call's deadline.
     pub async fn chunk(&mut self) -> Result<Option<Bytes>, GatewayError> {
         loop {
-            let wait = match self.deadline {
-                Some(deadline) => self.read_timeout.min(deadline.saturating_duration_since(Instant::now())),
-                None => self.read_timeout,
-            };
+            let wait = read_wait(self.read_timeout, self.deadline);
             let frame = match tokio::time::timeout(wait, self.response.body_mut().frame()).await {
                 Err(_) => {
                     return Err(GatewayError::UpstreamTimeout {
@@ -148,6 +145,14 @@ impl UpstreamResponse {
                 return Ok(Some(data));
             }
         }
+    }
+}
+
+/// How long the next read may wait: the read timeout, and no longer than `deadline`.
+fn read_wait(read_timeout: Duration, deadline: Option<Instant>) -> Duration {
+    match deadline {
+        Some(deadline) => read_timeout.min(deadline.saturating_duration_since(Instant::now())),
+        None => read_timeout,
     }
 }
 
@@ -218,6 +223,7 @@ impl Upstream {
         // A redirect is answered to the client as the upstream's status, never followed: a
         // followed 307 would resend the prompt, and a provider's key header, to another host.
         // This client follows none.
+        //
         // The timers close idle connections after `idle_timeout` (without one the pool
         // keeps them open for good: after a burst of 2,048 streams, that many sockets and their
         // buffers) and run HTTP/2's keep-alive.
@@ -302,10 +308,7 @@ impl Upstream {
         let timed_out = || GatewayError::UpstreamTimeout { url: url.to_owned(), seconds: timeout_seconds };
         let mut attempt = 1;
         loop {
-            let wait = match deadline {
-                Some(deadline) => self.read_timeout.min(deadline.saturating_duration_since(Instant::now())),
-                None => self.read_timeout,
-            };
+            let wait = read_wait(self.read_timeout, deadline);
             let sent =
                 tokio::time::timeout(wait, self.client.request(build()?)).await.map_err(|_| timed_out())?;
             match sent {
@@ -513,19 +516,14 @@ mod tests {
     /// that; without one it keeps every idle connection open for good).
     #[tokio::test]
     async fn an_idle_upstream_connection_is_closed_after_the_idle_timeout() {
-        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        use tokio::io::AsyncReadExt;
         let server = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let address = server.local_addr().unwrap();
         let closed = tokio::spawn(async move {
             let (mut stream, _) = server.accept().await.unwrap();
-            let mut head = Vec::new();
-            let mut buffer = [0u8; 4096];
-            while !head.windows(4).any(|window| window == b"\r\n\r\n") {
-                let read = stream.read(&mut buffer).await.unwrap();
-                head.extend_from_slice(&buffer[..read]);
-            }
-            stream.write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\n{}").await.unwrap();
+            super::super::connector::tests::answer_once(&mut stream).await;
             // The client keeps the connection for reuse, then closes it once idle for long enough.
+            let mut buffer = [0u8; 64];
             let read = tokio::time::timeout(Duration::from_secs(5), stream.read(&mut buffer)).await;
             matches!(read, Ok(Ok(0)))
         });
