@@ -164,6 +164,45 @@ impl Write for ProxiedStream {
     }
 }
 
+/// What to do about a refused upstream certificate, when that is why a connection failed (the TLS
+/// error sits somewhere in the chain, often inside an I/O error). A certificate does not change
+/// between attempts, so such a failure is not worth trying again.
+pub fn certificate_refusal(error: &(dyn std::error::Error + 'static)) -> Option<&'static str> {
+    let mut next = Some(error);
+    while let Some(current) = next {
+        if let Some(rustls::Error::InvalidCertificate(problem)) = current.downcast_ref::<rustls::Error>() {
+            return Some(certificate_advice(problem));
+        }
+        // An I/O error's `source` skips the error it wraps (hyper-rustls wraps tokio-rustls's I/O
+        // error, which wraps the TLS error), so the wrapped one is read directly.
+        next = match current.downcast_ref::<io::Error>().and_then(io::Error::get_ref) {
+            Some(wrapped) => Some(wrapped as &(dyn std::error::Error + 'static)),
+            None => current.source(),
+        };
+    }
+    None
+}
+
+fn certificate_advice(problem: &rustls::CertificateError) -> &'static str {
+    use rustls::CertificateError as Problem;
+    match problem {
+        Problem::NotValidForName | Problem::NotValidForNameContext { .. } => {
+            "the certificate is not for this host: check the host in upstream.endpoint"
+        }
+        Problem::Expired
+        | Problem::ExpiredContext { .. }
+        | Problem::NotValidYet
+        | Problem::NotValidYetContext { .. } => {
+            "the certificate is outside its validity period: renew it, or check the node's clock"
+        }
+        _ => {
+            "the gateway trusts the system's certificate authorities, read from the PEM bundle that \
+             SSL_CERT_FILE names (or the directory SSL_CERT_DIR names) when set: an upstream whose \
+             certificate a private authority issued needs that authority's certificate there"
+        }
+    }
+}
+
 #[cfg(test)]
 pub(super) mod tests {
     #![allow(clippy::unwrap_used)]
@@ -180,6 +219,27 @@ pub(super) mod tests {
         }
         stream.write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\n{}").await.unwrap();
         String::from_utf8(head).unwrap()
+    }
+
+    #[test]
+    fn a_refused_certificate_is_found_inside_an_io_error_with_what_to_do() {
+        let refused = |problem| {
+            let tls = rustls::Error::InvalidCertificate(problem);
+            // As hyper-rustls reports it: tokio-rustls's I/O error inside another I/O error.
+            let inner = io::Error::new(io::ErrorKind::InvalidData, tls);
+            let wrapped: BoxError = Box::new(io::Error::other(inner));
+            certificate_refusal(wrapped.as_ref())
+        };
+        let unknown = refused(rustls::CertificateError::UnknownIssuer).unwrap();
+        assert!(unknown.contains("SSL_CERT_FILE"), "{unknown}");
+        let wrong_host = refused(rustls::CertificateError::NotValidForName).unwrap();
+        assert!(wrong_host.contains("upstream.endpoint"), "{wrong_host}");
+        let expired = refused(rustls::CertificateError::Expired).unwrap();
+        assert!(expired.contains("validity"), "{expired}");
+        let refused_connection = io::Error::new(io::ErrorKind::ConnectionRefused, "connection refused");
+        assert!(certificate_refusal(&refused_connection).is_none(), "not a certificate problem");
+        let other_tls = io::Error::new(io::ErrorKind::InvalidData, rustls::Error::DecryptError);
+        assert!(certificate_refusal(&other_tls).is_none(), "a TLS failure that is not the certificate");
     }
 
     fn matcher(http_proxy: &str, no_proxy: &str) -> Matcher {

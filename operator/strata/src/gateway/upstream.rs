@@ -19,7 +19,7 @@ use hyper_util::rt::{TokioExecutor, TokioTimer};
 use tokio::time::Instant;
 
 use super::config::Settings;
-use super::connector::{ProxiedConnector, UpstreamConnector, upstream_connector};
+use super::connector::{ProxiedConnector, UpstreamConnector, certificate_refusal, upstream_connector};
 use super::errors::GatewayError;
 use super::provider::adapter_for;
 use strata_core::session::render::body::ChunkedBody;
@@ -324,17 +324,24 @@ impl Upstream {
                 }
                 // Nothing was sent when the connection could not be made, so trying again cannot
                 // duplicate a model call: an upstream that briefly refuses connections (a full
-                // accept queue, a restarting proxy) is tried again after a short pause.
-                Err(error) if error.is_connect() && attempt < CONNECT_ATTEMPTS => {
+                // accept queue, a restarting proxy) is tried again after a short pause. A refused
+                // certificate would be refused again.
+                Err(error)
+                    if error.is_connect()
+                        && attempt < CONNECT_ATTEMPTS
+                        && certificate_refusal(&error).is_none() =>
+                {
                     tracing::warn!(%url, attempt, error = %error_chain(&error), "upstream connection failed; trying again");
                     tokio::time::sleep(CONNECT_RETRY_PAUSE * attempt).await;
                     attempt += 1;
                 }
                 Err(error) => {
-                    return Err(GatewayError::UpstreamUnreachable {
-                        url: url.to_owned(),
-                        reason: error_chain(&error),
-                    });
+                    let mut reason = error_chain(&error);
+                    if let Some(advice) = certificate_refusal(&error) {
+                        reason.push_str("; the upstream's TLS certificate was refused: ");
+                        reason.push_str(advice);
+                    }
+                    return Err(GatewayError::UpstreamUnreachable { url: url.to_owned(), reason });
                 }
             }
         }

@@ -127,6 +127,9 @@ struct FakeState {
 pub struct FakeUpstream {
     pub address: SocketAddr,
     state: Arc<FakeState>,
+    /// Over TLS: the application protocol agreed by ALPN on each connection (`h2`, `http/1.1`, or
+    /// `none`), in the order the connections were made.
+    pub negotiated: Arc<Mutex<Vec<String>>>,
 }
 
 impl FakeUpstream {
@@ -135,17 +138,62 @@ impl FakeUpstream {
         Self::serve(tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap())
     }
 
-    /// Starts the fake on `listener`.
-    pub fn serve(listener: tokio::net::TcpListener) -> Self {
-        let state = Arc::new(FakeState::default());
-        let router = Router::new()
+    fn router(state: &Arc<FakeState>) -> Router {
+        Router::new()
             .route("/v1/chat/completions", post(openai))
             .route("/v1/messages", post(anthropic))
             .route("/v1/models", get(models))
-            .with_state(Arc::clone(&state));
+            .with_state(Arc::clone(state))
+    }
+
+    /// Starts the fake on `listener`.
+    pub fn serve(listener: tokio::net::TcpListener) -> Self {
+        let state = Arc::new(FakeState::default());
+        let router = Self::router(&state);
         let address = listener.local_addr().unwrap();
         tokio::spawn(async move { axum::serve(listener, router).await.unwrap() });
-        Self { address, state }
+        Self { address, state, negotiated: Arc::default() }
+    }
+
+    /// Starts the fake on `listener` behind TLS with `tls`: HTTP/2 when the client agrees to it by
+    /// ALPN, HTTP/1.1 otherwise.
+    pub fn serve_tls(listener: tokio::net::TcpListener, tls: rustls::ServerConfig) -> Self {
+        use hyper_util::rt::{TokioExecutor, TokioIo};
+        use tower::ServiceExt;
+        let state = Arc::new(FakeState::default());
+        let router = Self::router(&state);
+        let negotiated: Arc<Mutex<Vec<String>>> = Arc::default();
+        let address = listener.local_addr().unwrap();
+        let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(tls));
+        let seen = Arc::clone(&negotiated);
+        tokio::spawn(async move {
+            loop {
+                let (stream, _) = listener.accept().await.unwrap();
+                let (acceptor, router, seen) = (acceptor.clone(), router.clone(), Arc::clone(&seen));
+                tokio::spawn(async move {
+                    // A client that refuses the certificate ends the handshake: nothing to serve.
+                    let Ok(stream) = acceptor.accept(stream).await else { return };
+                    let protocol = stream.get_ref().1.alpn_protocol().map(<[u8]>::to_vec);
+                    let name = protocol
+                        .as_deref()
+                        .map_or("none".into(), |p| String::from_utf8_lossy(p).into_owned());
+                    seen.lock().unwrap().push(name);
+                    let service =
+                        hyper::service::service_fn(move |request: hyper::Request<hyper::body::Incoming>| {
+                            router.clone().oneshot(request.map(Body::new))
+                        });
+                    let io = TokioIo::new(stream);
+                    let _ = if protocol.as_deref() == Some(b"h2".as_slice()) {
+                        hyper::server::conn::http2::Builder::new(TokioExecutor::new())
+                            .serve_connection(io, service)
+                            .await
+                    } else {
+                        hyper::server::conn::http1::Builder::new().serve_connection(io, service).await
+                    };
+                });
+            }
+        });
+        Self { address, state, negotiated }
     }
 
     /// Queues replies.

@@ -48,6 +48,19 @@ impl GatewayProcess {
     /// Starts `binary gateway` on `config_path` and `data_dir`, on fresh loopback ports, logging
     /// warnings and errors to `log` (appended) or nowhere.
     pub fn spawn(binary: &Path, config_path: &Path, data_dir: &Path, log: Option<&Path>) -> Self {
+        Self::spawn_with_env(binary, config_path, data_dir, log, &[])
+    }
+
+    /// [`Self::spawn`] with `env` set in the gateway's environment. The proxy variables of the
+    /// test's own environment are not passed on, so only `env` can route the gateway through a
+    /// proxy.
+    pub fn spawn_with_env(
+        binary: &Path,
+        config_path: &Path,
+        data_dir: &Path,
+        log: Option<&Path>,
+        env: &[(&str, &str)],
+    ) -> Self {
         let address = free_port();
         let metrics_address = free_port();
         let output = || match log {
@@ -67,6 +80,15 @@ impl GatewayProcess {
             .arg(data_dir)
             .args(["--listen", &address.to_string(), "--metrics-listen", &metrics_address.to_string()])
             .env("RUST_LOG", "warn")
+            .env_remove("HTTPS_PROXY")
+            .env_remove("https_proxy")
+            .env_remove("HTTP_PROXY")
+            .env_remove("http_proxy")
+            .env_remove("ALL_PROXY")
+            .env_remove("all_proxy")
+            .env_remove("NO_PROXY")
+            .env_remove("no_proxy")
+            .envs(env.iter().copied())
             .stdout(output())
             .stderr(output())
             .spawn()
