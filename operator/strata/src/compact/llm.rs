@@ -4,7 +4,16 @@
 
 use std::time::Duration;
 
+use crate::gateway::connector::{
+    ProxiedConnector, UpstreamConnector, certificate_refusal, upstream_connector,
+};
 use crate::gateway::provider::adapter_for;
+use crate::gateway::upstream::error_chain;
+use axum::http::{HeaderMap, HeaderValue, Request, Uri, header};
+use bytes::{Bytes, BytesMut};
+use http_body_util::{BodyExt, Full};
+use hyper_util::client::legacy::Client;
+use hyper_util::rt::{TokioExecutor, TokioTimer};
 use serde_json::{Value, json};
 use strata_api::agent::Provider;
 use strata_core::compaction::{
@@ -31,11 +40,22 @@ pub struct LlmSettings {
     pub max_input_chars: usize,
 }
 
+/// The largest summariser answer read; a larger one is refused (a CompactedState is a few KB).
+const MAX_REPLY_BYTES: usize = 8 * 1024 * 1024;
+
 /// A summariser backed by a chat model.
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub struct LlmSummarizer {
-    client: reqwest::Client,
+    client: Client<UpstreamConnector, Full<Bytes>>,
+    /// Which requests go through a proxy, for their `Proxy-Authorization`.
+    proxied: ProxiedConnector,
     settings: LlmSettings,
+}
+
+impl std::fmt::Debug for LlmSummarizer {
+    fn fmt(&self, formatter: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        formatter.debug_struct("LlmSummarizer").field("settings", &self.settings).finish_non_exhaustive()
+    }
 }
 
 /// One conversation turn sent to the model.
@@ -46,11 +66,19 @@ struct Turn {
 }
 
 impl LlmSummarizer {
-    /// A summariser with its own HTTP client (rustls with the ring provider, as the gateway uses).
-    pub fn new(settings: LlmSettings) -> Result<Self, reqwest::Error> {
+    /// A summariser with its own HTTP client, built as the gateway's upstream client is: the same
+    /// connector (TLS with the platform's roots and the ring provider, HTTP/2 by ALPN, the
+    /// environment's proxy, a 10 s connect timeout).
+    pub fn new(settings: LlmSettings) -> Result<Self, String> {
         let _ = rustls::crypto::ring::default_provider().install_default();
-        let client = reqwest::Client::builder().connect_timeout(Duration::from_secs(10)).build()?;
-        Ok(Self { client, settings })
+        let proxied = ProxiedConnector::from_environment();
+        let connector = upstream_connector(proxied.clone())?;
+        let client = Client::builder(TokioExecutor::new())
+            .pool_idle_timeout(Duration::from_secs(90))
+            .pool_timer(TokioTimer::new())
+            .timer(TokioTimer::new())
+            .build(connector);
+        Ok(Self { client, proxied, settings })
     }
 
     async fn summarize_chunks(&self, input: &SummaryInput) -> Result<CompactedState, SummarizeError> {
@@ -166,15 +194,8 @@ impl LlmSummarizer {
                 })
             }
         };
-        let mut headers = reqwest::header::HeaderMap::new();
-        adapter
-            .authenticate(&mut headers, settings.api_key.as_deref(), false)
-            .map_err(|reason| SummarizeError::Unavailable(format!("POST {url}: {reason}")))?;
-        let unavailable = |error: reqwest::Error| SummarizeError::Unavailable(format!("POST {url}: {error}"));
-        let response =
-            self.client.post(&url).headers(headers).json(&body).send().await.map_err(unavailable)?;
-        let status = response.status();
-        let text = response.text().await.map_err(unavailable)?;
+        let unavailable = |reason: String| SummarizeError::Unavailable(format!("POST {url}: {reason}"));
+        let (status, text) = self.post_json(&url, &body).await.map_err(unavailable)?;
         if !status.is_success() {
             let excerpt: String = text.chars().take(300).collect();
             return Err(SummarizeError::Unavailable(format!("POST {url}: HTTP {status}: {excerpt}")));
@@ -186,6 +207,50 @@ impl LlmSummarizer {
             .parse_answer(value)
             .map_err(|error| SummarizeError::Unavailable(format!("POST {url}: {error}")))?;
         Ok(Reply { truncated: adapter.stopped_at_limit(&output), text: output.text })
+    }
+}
+
+impl LlmSummarizer {
+    /// POSTs `body` as JSON to `url` with the provider's credentials; returns the status and the
+    /// answer's text, read up to [`MAX_REPLY_BYTES`].
+    async fn post_json(&self, url: &str, body: &Value) -> Result<(axum::http::StatusCode, String), String> {
+        let uri: Uri = url.parse().map_err(|error| format!("not a valid URL: {error}"))?;
+        let mut headers = HeaderMap::new();
+        adapter_for(self.settings.provider).authenticate(
+            &mut headers,
+            self.settings.api_key.as_deref(),
+            false,
+        )?;
+        headers.insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
+        if let Some(credentials) = self.proxied.proxy_authorization(&uri) {
+            headers.insert(header::PROXY_AUTHORIZATION, credentials);
+        }
+        let mut request = Request::post(uri)
+            .body(Full::new(Bytes::from(body.to_string())))
+            .map_err(|error| format!("building the request: {error}"))?;
+        *request.headers_mut() = headers;
+        let response = self.client.request(request).await.map_err(|error| {
+            let mut reason = error_chain(&error);
+            if let Some(advice) = certificate_refusal(&error) {
+                reason.push_str("; the summariser's TLS certificate was refused: ");
+                reason.push_str(advice);
+            }
+            reason
+        })?;
+        let status = response.status();
+        let mut body = response.into_body();
+        let mut text = BytesMut::new();
+        while let Some(frame) = body.frame().await {
+            let frame = frame.map_err(|error| format!("reading the answer: {}", error_chain(&error)))?;
+            if let Ok(data) = frame.into_data() {
+                if text.len() + data.len() > MAX_REPLY_BYTES {
+                    return Err(format!("the answer is over {MAX_REPLY_BYTES} bytes"));
+                }
+                text.extend_from_slice(&data);
+            }
+        }
+        let text = String::from_utf8(text.to_vec()).map_err(|_| "the answer is not UTF-8".to_owned())?;
+        Ok((status, text))
     }
 }
 

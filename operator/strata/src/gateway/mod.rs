@@ -5,7 +5,7 @@
 mod anthropic;
 mod compactor;
 pub mod config;
-mod connector;
+pub(crate) mod connector;
 mod engine_host;
 mod errors;
 mod inspect;
@@ -24,7 +24,7 @@ mod sse;
 mod stream_props;
 mod sweeper;
 mod unconfigured;
-mod upstream;
+pub(crate) mod upstream;
 mod volume;
 
 use std::net::SocketAddr;

@@ -157,7 +157,7 @@ fn read_wait(read_timeout: Duration, deadline: Option<Instant>) -> Duration {
 }
 
 /// An error with every cause under it (a transport error's own text names only its kind).
-fn error_chain(error: &dyn std::error::Error) -> String {
+pub(crate) fn error_chain(error: &dyn std::error::Error) -> String {
     let mut text = error.to_string();
     let mut source = error.source();
     while let Some(cause) = source {
