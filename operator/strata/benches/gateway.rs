@@ -1,8 +1,9 @@
 //! Added latency of the gateway versus a direct call to the same fake upstream, sequential and at
 //! 256 and 2,048 concurrent streams, on a 1k- and a 200k-token journal; and the gateway's RSS.
 //!
-//! Method: the real `strata gateway` binary (release build) runs as a child process in front of an
-//! in-process fake OpenAI upstream on loopback that answers at once. Every client request goes
+//! Method: the real gateway, `strata-gateway` as the sidecars run it (release build), runs as a child
+//! process in front of an in-process fake OpenAI upstream on loopback that answers at once. Every
+//! client request goes
 //! through the gateway in Stateful mode (a short new user message) and is immediately followed, on
 //! the same stream, by a direct request that replays to the fake the exact body the gateway most
 //! recently sent upstream, so both paths move the same bytes at the same journal size. Added latency
@@ -173,7 +174,7 @@ fn config(fake: SocketAddr, session_mode: SessionMode) -> GatewayConfig {
 
 async fn spawn_gateway(config_path: &Path, data_dir: &Path) -> GatewayProcess {
     let mut process =
-        GatewayProcess::spawn(Path::new(env!("CARGO_BIN_EXE_strata")), config_path, data_dir, None);
+        GatewayProcess::spawn(Path::new(env!("CARGO_BIN_EXE_strata-gateway")), config_path, data_dir, None);
     process
         .wait_ready(&reqwest::Client::new(), Duration::from_secs(30))
         .await

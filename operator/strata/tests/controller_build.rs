@@ -111,10 +111,10 @@ fn the_gateway_is_a_native_sidecar_running_the_contract_command_line() {
     let gateway = sidecar(&children);
     assert_eq!(gateway.restart_policy.as_deref(), Some("Always"));
     assert_eq!(gateway.image.as_deref(), Some(GATEWAY_IMAGE));
+    assert_eq!(gateway.command.unwrap(), ["/usr/local/bin/strata-gateway"], "the gateway-only program");
     assert_eq!(
         gateway.args.unwrap(),
         [
-            "gateway",
             "--config",
             "/etc/strata/gateway.json",
             "--data-dir",

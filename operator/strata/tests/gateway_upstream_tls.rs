@@ -73,7 +73,8 @@ async fn gateway(
     gateway_config.upstream.endpoint = endpoint;
     let config_path = dir.join("gateway.json");
     write_config(&config_path, &gateway_config);
-    let binary = Path::new(env!("CARGO_BIN_EXE_strata"));
+    // The program the operator's sidecars run.
+    let binary = Path::new(env!("CARGO_BIN_EXE_strata-gateway"));
     let log = dir.join("gateway.log");
     let mut process =
         GatewayProcess::spawn_with_env(binary, &config_path, &dir.join("data"), Some(&log), env);

@@ -1,4 +1,4 @@
-//! The real `strata gateway` binary as a child process: spawned on a config and a data dir, polled
+//! The real gateway (`strata-gateway`, or `strata gateway`) as a child process: spawned on a config and a data dir, polled
 //! until ready, killed with SIGKILL, and its memory read from `/proc`.
 #![allow(clippy::unwrap_used, clippy::expect_used, dead_code)]
 
@@ -73,8 +73,13 @@ impl GatewayProcess {
             ),
             None => Stdio::null(),
         };
-        let child = Command::new(binary)
-            .args(["gateway", "--config"])
+        let mut command = Command::new(binary);
+        // `strata-gateway`, the sidecar's program, is the gateway alone; `strata` takes a subcommand.
+        if binary.file_name().is_some_and(|name| name != "strata-gateway") {
+            command.arg("gateway");
+        }
+        let child = command
+            .arg("--config")
             .arg(config_path)
             .arg("--data-dir")
             .arg(data_dir)
