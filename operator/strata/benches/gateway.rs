@@ -4,11 +4,12 @@
 //! Method: the real gateway, `strata-gateway` as the sidecars run it (release build), runs as a child
 //! process in front of an in-process fake OpenAI upstream on loopback that answers at once. Every
 //! client request goes through the gateway in Stateful mode (a short new user message) and is
-//! immediately followed, on the same stream, by a direct request that replays to the fake the exact body the gateway most
-//! recently sent upstream, so both paths move the same bytes at the same journal size. Added latency
-//! is the difference of the percentiles of the two paths. Each phase starts from a fresh copy of the
-//! seeded journal. Concurrent streams start 100 µs apart and send one unmeasured request first (so
-//! connection setup is not measured), then run their measured requests back to back. Run with
+//! immediately followed, on the same stream, by a direct request that replays to the fake the exact
+//! body the gateway most recently sent upstream, so both paths move the same bytes at the same
+//! journal size. Added latency is the difference of the percentiles of the two paths. Each phase
+//! starts from a fresh copy of the seeded journal. Concurrent streams start 100 µs apart and send one
+//! unmeasured request first (so connection setup is not measured), then run their measured requests
+//! back to back. Run with
 //! `cargo bench -p strata --bench gateway`; `STRATA_BENCH_QUICK=1` runs a shorter version, and
 //! `STRATA_BENCH_SEQUENTIAL=N` sets the sequential phases' request count (longer runs for a profiler).
 //! Each phase also prints the gateway's own account from its metrics: the mean time of its own work
