@@ -45,7 +45,7 @@ enum Choice {
     /// Extractive, in the engine (no model configured, or an Emergency compaction).
     InProcess,
     /// The model, or why it cannot be used (then the extractive summariser runs off the engine).
-    Model(Result<LlmSummarizer, String>),
+    Model(Result<Box<LlmSummarizer>, String>),
 }
 
 impl Compactor {
@@ -165,6 +165,7 @@ impl Compactor {
             .map_err(|error| format!("the summariser cannot be reached: {error}"))
             .and_then(|llm| {
                 LlmSummarizer::new(llm)
+                    .map(Box::new)
                     .map_err(|error| format!("building the summariser's HTTP client: {error}"))
             });
         Choice::Model(llm)
@@ -173,7 +174,7 @@ impl Compactor {
 
 /// Summarises with the model within the deadline; the error says which model failed and why.
 async fn summarize(
-    llm: Result<LlmSummarizer, String>,
+    llm: Result<Box<LlmSummarizer>, String>,
     settings: &Settings,
     input: &strata_core::compaction::SummaryInput,
 ) -> Result<(CompactedState, String), String> {
