@@ -102,13 +102,20 @@ async fn tls_upstream(authority: &Authority) -> FakeUpstream {
     FakeUpstream::serve_tls(listener, authority.server_config())
 }
 
+/// An upstream serving TLS with a certificate from a fresh private authority, that authority's
+/// bundle written in `dir`, and the upstream's `https` endpoint.
+async fn trusted_tls_upstream(dir: &Path) -> (FakeUpstream, PathBuf, String) {
+    let authority = Authority::new("strata test authority");
+    let bundle = authority.write_bundle(dir, "ca.pem");
+    let fake = tls_upstream(&authority).await;
+    let endpoint = format!("https://{}/v1", fake.address);
+    (fake, bundle, endpoint)
+}
+
 #[tokio::test]
 async fn an_https_upstream_from_a_trusted_private_authority_is_spoken_to_in_http2() {
     let dir = tempfile::tempdir().unwrap();
-    let authority = Authority::new("strata test authority");
-    let bundle = authority.write_bundle(dir.path(), "ca.pem");
-    let fake = tls_upstream(&authority).await;
-    let endpoint = format!("https://{}/v1", fake.address);
+    let (fake, bundle, endpoint) = trusted_tls_upstream(dir.path()).await;
     let (gateway, client) =
         gateway(dir.path(), &fake, endpoint, &[("SSL_CERT_FILE", bundle.to_str().unwrap())]).await;
 
@@ -193,11 +200,8 @@ async fn connect_proxy() -> (SocketAddr, ConnectHeads) {
 #[tokio::test]
 async fn an_https_upstream_behind_an_egress_proxy_is_reached_through_a_tunnel_with_credentials() {
     let dir = tempfile::tempdir().unwrap();
-    let authority = Authority::new("strata test authority");
-    let bundle = authority.write_bundle(dir.path(), "ca.pem");
-    let fake = tls_upstream(&authority).await;
+    let (fake, bundle, endpoint) = trusted_tls_upstream(dir.path()).await;
     let (proxy, heads) = connect_proxy().await;
-    let endpoint = format!("https://{}/v1", fake.address);
     let proxy_url = format!("http://agent:s3cret@{proxy}");
     let env = [("SSL_CERT_FILE", bundle.to_str().unwrap()), ("HTTPS_PROXY", proxy_url.as_str())];
     let (gateway, client) = gateway(dir.path(), &fake, endpoint, &env).await;

@@ -5,15 +5,13 @@
 use std::time::Duration;
 
 use crate::gateway::connector::{
-    ProxiedConnector, UpstreamConnector, certificate_refusal, upstream_connector,
+    ProxiedConnector, UpstreamConnector, error_chain, pooled_client, request_failure,
 };
 use crate::gateway::provider::adapter_for;
-use crate::gateway::upstream::error_chain;
 use axum::http::{HeaderMap, HeaderValue, Request, Uri, header};
 use bytes::{Bytes, BytesMut};
 use http_body_util::{BodyExt, Full};
 use hyper_util::client::legacy::Client;
-use hyper_util::rt::{TokioExecutor, TokioTimer};
 use serde_json::{Value, json};
 use strata_api::agent::Provider;
 use strata_core::compaction::{
@@ -39,6 +37,9 @@ pub struct LlmSettings {
     /// Input bound per request in characters (the delta is chunked to fit).
     pub max_input_chars: usize,
 }
+
+/// How long an idle connection to the summariser's model is kept open.
+const IDLE_CONNECTION_TIMEOUT: Duration = Duration::from_secs(90);
 
 /// The largest summariser answer read; a larger one is refused (a CompactedState is a few KB).
 const MAX_REPLY_BYTES: usize = 8 * 1024 * 1024;
@@ -70,14 +71,7 @@ impl LlmSummarizer {
     /// connector (TLS with the platform's roots and the ring provider, HTTP/2 by ALPN, the
     /// environment's proxy, a 10 s connect timeout).
     pub fn new(settings: LlmSettings) -> Result<Self, String> {
-        let _ = rustls::crypto::ring::default_provider().install_default();
-        let proxied = ProxiedConnector::from_environment();
-        let connector = upstream_connector(proxied.clone())?;
-        let client = Client::builder(TokioExecutor::new())
-            .pool_idle_timeout(Duration::from_secs(90))
-            .pool_timer(TokioTimer::new())
-            .timer(TokioTimer::new())
-            .build(connector);
+        let (client, proxied) = pooled_client(IDLE_CONNECTION_TIMEOUT)?;
         Ok(Self { client, proxied, settings })
     }
 
@@ -208,9 +202,7 @@ impl LlmSummarizer {
             .map_err(|error| SummarizeError::Unavailable(format!("POST {url}: {error}")))?;
         Ok(Reply { truncated: adapter.stopped_at_limit(&output), text: output.text })
     }
-}
 
-impl LlmSummarizer {
     /// POSTs `body` as JSON to `url` with the provider's credentials; returns the status and the
     /// answer's text, read up to [`MAX_REPLY_BYTES`].
     async fn post_json(&self, url: &str, body: &Value) -> Result<(axum::http::StatusCode, String), String> {
@@ -229,14 +221,11 @@ impl LlmSummarizer {
             .body(Full::new(Bytes::from(body.to_string())))
             .map_err(|error| format!("building the request: {error}"))?;
         *request.headers_mut() = headers;
-        let response = self.client.request(request).await.map_err(|error| {
-            let mut reason = error_chain(&error);
-            if let Some(advice) = certificate_refusal(&error) {
-                reason.push_str("; the summariser's TLS certificate was refused: ");
-                reason.push_str(advice);
-            }
-            reason
-        })?;
+        let response = self
+            .client
+            .request(request)
+            .await
+            .map_err(|error| request_failure(&error, "the summariser's model"))?;
         let status = response.status();
         let mut body = response.into_body();
         let mut text = BytesMut::new();

@@ -16,16 +16,20 @@ use std::time::Duration;
 use axum::http::{HeaderValue, Uri};
 use hyper::rt::{Read, ReadBufCursor, Write};
 use hyper_rustls::{HttpsConnector, HttpsConnectorBuilder};
+use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::proxy::Tunnel;
 use hyper_util::client::legacy::connect::{Connected, Connection, HttpConnector};
 use hyper_util::client::proxy::matcher::Matcher;
-use hyper_util::rt::TokioIo;
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use rustls_platform_verifier::ConfigVerifierExt;
 use tokio::net::TcpStream;
 use tower::Service;
 
 /// Time allowed to open a TCP connection (to the upstream or its proxy).
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Idle connections kept per upstream host.
+const IDLE_CONNECTIONS_PER_HOST: usize = 1024;
 
 /// A connection error of any layer.
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
@@ -162,6 +166,54 @@ impl Write for ProxiedStream {
     ) -> Poll<io::Result<usize>> {
         Pin::new(&mut self.get_mut().io).poll_write_vectored(context, buffers)
     }
+}
+
+/// A pooled HTTP client over [`upstream_connector`] with the environment's proxy, and that proxy's
+/// connector (which requests go through it, for their `Proxy-Authorization`).
+///
+/// Idle connections close after `idle_timeout`: without the pool's timer they stay open for good
+/// (after a burst of 2,048 streams, that many sockets and their buffers). The client's own timer
+/// runs HTTP/2's keep-alive. It follows no redirect: a followed 307 would resend the prompt, and a
+/// provider's key header, to another host, so a redirect reaches the caller as the status it is.
+pub(crate) fn pooled_client<B>(
+    idle_timeout: Duration,
+) -> Result<(Client<UpstreamConnector, B>, ProxiedConnector), String>
+where
+    B: hyper::body::Body + Send,
+    B::Data: Send,
+{
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let proxied = ProxiedConnector::from_environment();
+    let connector = upstream_connector(proxied.clone())?;
+    let client = Client::builder(TokioExecutor::new())
+        .pool_max_idle_per_host(IDLE_CONNECTIONS_PER_HOST)
+        .pool_idle_timeout(idle_timeout)
+        .pool_timer(TokioTimer::new())
+        .timer(TokioTimer::new())
+        .build(connector);
+    Ok((client, proxied))
+}
+
+/// Why a request to `peer` (for example "the upstream") failed: the error with every cause under
+/// it, and what to do when the peer's certificate was refused.
+pub(crate) fn request_failure(error: &hyper_util::client::legacy::Error, peer: &str) -> String {
+    let mut reason = error_chain(error);
+    if let Some(advice) = certificate_refusal(error) {
+        reason.push_str(&format!("; {peer}'s TLS certificate was refused: {advice}"));
+    }
+    reason
+}
+
+/// An error with every cause under it (a transport error's own text names only its kind).
+pub(crate) fn error_chain(error: &dyn std::error::Error) -> String {
+    let mut text = error.to_string();
+    let mut source = error.source();
+    while let Some(cause) = source {
+        text.push_str(": ");
+        text.push_str(&cause.to_string());
+        source = cause.source();
+    }
+    text
 }
 
 /// What to do about a refused upstream certificate, when that is why a connection failed (the TLS

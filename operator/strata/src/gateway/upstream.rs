@@ -15,11 +15,12 @@ use http_body_util::combinators::BoxBody;
 use http_body_util::{BodyExt, Empty, Full, StreamBody};
 use hyper::body::{Body as _, Frame, Incoming};
 use hyper_util::client::legacy::Client;
-use hyper_util::rt::{TokioExecutor, TokioTimer};
 use tokio::time::Instant;
 
 use super::config::Settings;
-use super::connector::{ProxiedConnector, UpstreamConnector, certificate_refusal, upstream_connector};
+use super::connector::{
+    ProxiedConnector, UpstreamConnector, certificate_refusal, error_chain, pooled_client, request_failure,
+};
 use super::errors::GatewayError;
 use super::provider::adapter_for;
 use strata_core::session::render::body::ChunkedBody;
@@ -52,9 +53,6 @@ const WHOLE_BODY_BELOW_BYTES: usize = 14 * 1024;
 
 /// Distinct upstream URLs kept parsed at most (an endpoint changes only with the config).
 const PARSED_URLS_KEPT: usize = 16;
-
-/// Idle connections kept per upstream host.
-const IDLE_CONNECTIONS_PER_HOST: usize = 1024;
 
 /// How long an idle upstream connection is kept open.
 const IDLE_CONNECTION_TIMEOUT: Duration = Duration::from_secs(90);
@@ -156,18 +154,6 @@ fn read_wait(read_timeout: Duration, deadline: Option<Instant>) -> Duration {
     }
 }
 
-/// An error with every cause under it (a transport error's own text names only its kind).
-pub(crate) fn error_chain(error: &dyn std::error::Error) -> String {
-    let mut text = error.to_string();
-    let mut source = error.source();
-    while let Some(cause) = source {
-        text.push_str(": ");
-        text.push_str(&cause.to_string());
-        source = cause.source();
-    }
-    text
-}
-
 /// The upstream client, shared by all requests.
 #[derive(Clone)]
 pub struct Upstream {
@@ -217,22 +203,7 @@ impl Upstream {
         max_response_bytes: usize,
         idle_timeout: Duration,
     ) -> Result<Self, ClientError> {
-        let _ = rustls::crypto::ring::default_provider().install_default();
-        let proxied = ProxiedConnector::from_environment();
-        let connector = upstream_connector(proxied.clone()).map_err(|reason| ClientError { reason })?;
-        // A redirect is answered to the client as the upstream's status, never followed: a
-        // followed 307 would resend the prompt, and a provider's key header, to another host.
-        // This client follows none.
-        //
-        // The timers close idle connections after `idle_timeout` (without one the pool
-        // keeps them open for good: after a burst of 2,048 streams, that many sockets and their
-        // buffers) and run HTTP/2's keep-alive.
-        let client = Client::builder(TokioExecutor::new())
-            .pool_max_idle_per_host(IDLE_CONNECTIONS_PER_HOST)
-            .pool_idle_timeout(idle_timeout)
-            .pool_timer(TokioTimer::new())
-            .timer(TokioTimer::new())
-            .build(connector);
+        let (client, proxied) = pooled_client(idle_timeout).map_err(|reason| ClientError { reason })?;
         Ok(Self { client, proxied, read_timeout, max_response_bytes, parsed_urls: Arc::default() })
     }
 
@@ -336,11 +307,7 @@ impl Upstream {
                     attempt += 1;
                 }
                 Err(error) => {
-                    let mut reason = error_chain(&error);
-                    if let Some(advice) = certificate_refusal(&error) {
-                        reason.push_str("; the upstream's TLS certificate was refused: ");
-                        reason.push_str(advice);
-                    }
+                    let reason = request_failure(&error, "the upstream");
                     return Err(GatewayError::UpstreamUnreachable { url: url.to_owned(), reason });
                 }
             }
