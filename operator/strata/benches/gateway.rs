@@ -421,8 +421,23 @@ impl Totals {
 /// history had to be rewound (a sign that the bench's client diverged from the journal).
 struct OwnTimes {
     work: Totals,
+    /// The own-work histogram's cumulative bucket counts: (upper bound in seconds, count).
+    work_buckets: Vec<(f64, f64)>,
     upstream: Totals,
     rewinds: f64,
+}
+
+impl OwnTimes {
+    /// The upper bound, in µs, of the own-work bucket holding the `p` quantile of the requests
+    /// observed since `before`; `None` when it lies above the largest finite bound.
+    fn work_quantile_bound_since(&self, before: &OwnTimes, p: f64) -> Option<f64> {
+        let count = self.work.count - before.work.count;
+        let wanted = (count * p).ceil();
+        self.work_buckets
+            .iter()
+            .zip(&before.work_buckets)
+            .find_map(|((bound, after), (_, earlier))| (after - earlier >= wanted).then_some(bound * 1e6))
+    }
 }
 
 async fn own_times(metrics: SocketAddr) -> OwnTimes {
@@ -436,8 +451,18 @@ async fn own_times(metrics: SocketAddr) -> OwnTimes {
         seconds: value(&format!("{histogram}_sum")),
         count: value(&format!("{histogram}_count")),
     };
+    let work_buckets = text
+        .lines()
+        .filter_map(|line| line.strip_prefix("strata_gateway_added_overhead_seconds_bucket{le=\""))
+        .filter_map(|rest| {
+            let (bound, count) = rest.split_once("\"}")?;
+            Some((bound.parse::<f64>().ok()?, count.trim().parse::<f64>().ok()?))
+        })
+        .filter(|(bound, _)| bound.is_finite())
+        .collect();
     OwnTimes {
         work: totals("strata_gateway_added_overhead_seconds"),
+        work_buckets,
         upstream: totals("strata_gateway_upstream_seconds"),
         rewinds: text
             .lines()
@@ -610,8 +635,11 @@ async fn bench() -> i32 {
             );
             let ratio = micros(g99) / micros(d99);
             println!(
-                "  p99 gateway / direct = {ratio:.2}x | the gateway's own account, mean: its work {:.0} µs, waiting on the upstream {:.0} µs",
+                "  p99 gateway / direct = {ratio:.2}x | the gateway's own account, mean: its work {:.0} µs (p99 within {}), waiting on the upstream {:.0} µs",
                 own_after.work.mean_micros_since(own_before.work),
+                own_after
+                    .work_quantile_bound_since(&own_before, 0.99)
+                    .map_or_else(|| "over 50 ms".to_owned(), |bound| format!("{bound:.0} µs")),
                 own_after.upstream.mean_micros_since(own_before.upstream)
             );
             for (times, label) in phase.references.iter().zip(REFERENCE_LABELS) {
