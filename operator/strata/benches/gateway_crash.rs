@@ -1,4 +1,4 @@
-//! Crash suite: kill -9 the real `strata gateway` process at random points while it serves long
+//! Crash suite: kill -9 the real `strata-gateway` process (the sidecar's program) at random points while it serves long
 //! recorded sessions; after every restart on the same volume the journal verifies, no turn is lost
 //! or duplicated, and the client's retry of the interrupted call succeeds.
 //!
@@ -341,7 +341,7 @@ fn describe(actual: &[Fingerprint], expected: &[Fingerprint]) -> String {
 
 impl Runner {
     fn binary() -> &'static Path {
-        Path::new(env!("CARGO_BIN_EXE_strata"))
+        Path::new(env!("CARGO_BIN_EXE_strata-gateway"))
     }
 
     /// A fresh volume with its config: `(config path, data dir, log)`.

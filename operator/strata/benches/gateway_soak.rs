@@ -1,4 +1,4 @@
-//! Soak: the real `strata gateway` (release build) serves a bounded request loop for an hour while
+//! Soak: the real `strata-gateway` (the sidecar's program, release build) serves a bounded request loop for an hour while
 //! its resident memory is sampled; flat RSS is the goal.
 //!
 //! Method: an in-process fake OpenAI upstream on loopback answers each call with the recorded
@@ -139,7 +139,7 @@ async fn main() {
     let data_dir = root.path().join("data");
     let log = root.path().join("gateway.log");
     let mut gateway = GatewayProcess::spawn(
-        std::path::Path::new(env!("CARGO_BIN_EXE_strata")),
+        std::path::Path::new(env!("CARGO_BIN_EXE_strata-gateway")),
         &config_path,
         &data_dir,
         Some(&log),
