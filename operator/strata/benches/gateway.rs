@@ -13,7 +13,8 @@
 //! `cargo bench -p strata --bench gateway`; `STRATA_BENCH_QUICK=1` runs a shorter version, and
 //! `STRATA_BENCH_SEQUENTIAL=N` sets the sequential phases' request count (longer runs for a profiler).
 //! Each phase also prints the gateway's own account from its metrics: the mean time of its own work
-//! (`strata_gateway_added_overhead_seconds`) and of waiting on the upstream. The sequential phases
+//! (`strata_gateway_added_overhead_seconds`), the bucket bound its p99 falls under, and the mean
+//! time of waiting on the upstream. The sequential phases
 //! also time two reference paths (`gateway_bench/pass_through.rs`), each a proxy in its own process
 //! that sends the upstream the gateway's last body, staged before the turn, and does none of the
 //! gateway's work: the two-hop limit, on the gateway's HTTP stack (axum server, hyper-util client);
