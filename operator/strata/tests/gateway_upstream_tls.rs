@@ -209,6 +209,66 @@ async fn an_https_upstream_behind_an_egress_proxy_is_reached_through_a_tunnel_wi
     let (status, answer) = chat(&client, &gateway, "through the proxy").await;
     assert_eq!(status, 200, "{answer}");
     assert!(fake.seen()[0].raw.contains("through the proxy"));
+    assert_one_tunnel_with_credentials(&heads, &fake);
+}
+
+/// What the operator gives a sidecar for `spec.model.egress`: the proxy's URL in a mounted file
+/// (`STRATA_PROXY_URL_FILE`), and a private authority trusted beside the system's
+/// (`STRATA_TRUSTED_CA_FILE`), not in place of them.
+#[tokio::test]
+async fn the_operators_egress_files_give_the_proxy_and_a_private_authority() {
+    let dir = tempfile::tempdir().unwrap();
+    let (fake, bundle, endpoint) = trusted_tls_upstream(dir.path()).await;
+    let (proxy, heads) = connect_proxy().await;
+    let proxy_file = dir.path().join("proxy-url");
+    std::fs::write(&proxy_file, format!("http://agent:s3cret@{proxy}\n")).unwrap();
+    let env = [
+        ("STRATA_TRUSTED_CA_FILE", bundle.to_str().unwrap()),
+        ("STRATA_PROXY_URL_FILE", proxy_file.to_str().unwrap()),
+    ];
+    let (gateway, client) = gateway(dir.path(), &fake, endpoint, &env).await;
+
+    let (status, answer) = chat(&client, &gateway, "through the operator's proxy").await;
+    assert_eq!(status, 200, "{answer}");
+    assert!(fake.seen()[0].raw.contains("through the operator's proxy"));
+    assert_one_tunnel_with_credentials(&heads, &fake);
+}
+
+/// A trusted-authorities file that holds no certificate stops the gateway at startup, with the
+/// file and the problem named, instead of running without the authority.
+#[tokio::test]
+async fn a_trusted_authorities_file_without_a_certificate_stops_the_gateway_with_its_path() {
+    let dir = tempfile::tempdir().unwrap();
+    let fake = FakeUpstream::start().await;
+    let gateway_config = config(&fake, Provider::OpenAI, dir.path());
+    let config_path = dir.path().join("gateway.json");
+    write_config(&config_path, &gateway_config);
+    let bundle = dir.path().join("ca.pem");
+    std::fs::write(&bundle, "not a certificate\n").unwrap();
+    let data_dir = dir.path().join("data");
+    let run = {
+        let bundle = bundle.clone();
+        tokio::task::spawn_blocking(move || {
+            std::process::Command::new(env!("CARGO_BIN_EXE_strata-gateway"))
+                .arg("--config")
+                .arg(&config_path)
+                .arg("--data-dir")
+                .arg(&data_dir)
+                .args(["--listen", "127.0.0.1:0", "--metrics-listen", "127.0.0.1:0"])
+                .env("STRATA_TRUSTED_CA_FILE", &bundle)
+                .output()
+        })
+    };
+    let output = tokio::time::timeout(Duration::from_secs(60), run).await.unwrap().unwrap().unwrap();
+    assert!(!output.status.success(), "the gateway must not start without the authority it was given");
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(stderr.contains(bundle.to_str().unwrap()), "the message names the file: {stderr}");
+    assert!(stderr.contains("no PEM certificate"), "and what is wrong with it: {stderr}");
+}
+
+/// The fake proxy saw one `CONNECT` to the upstream, carrying the proxy's credentials and not the
+/// provider's key, and TLS with ALPN ran end to end through it.
+fn assert_one_tunnel_with_credentials(heads: &ConnectHeads, fake: &FakeUpstream) {
     let heads = heads.lock().unwrap().clone();
     assert_eq!(heads.len(), 1, "one tunnel: {heads:?}");
     let head = heads[0].to_ascii_lowercase();

@@ -5,9 +5,14 @@
 //! (each also lower-case), with `NO_PROXY` exempting hosts. An `https` endpoint is reached through
 //! a `CONNECT` tunnel; a plain `http` one by sending the request to the proxy in absolute form.
 //! Credentials in the proxy's URL go with every request to it (`Proxy-Authorization: Basic`).
+//!
+//! The operator configures an Agent's egress through files rather than those variables (see
+//! [`PROXY_URL_FILE_ENV`] and [`TRUSTED_CA_FILE_ENV`]), so a proxy's credentials sit in a mounted
+//! Secret, not in the process environment.
 
 use std::future::Future;
 use std::io;
+use std::path::Path;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
@@ -21,7 +26,9 @@ use hyper_util::client::legacy::connect::proxy::Tunnel;
 use hyper_util::client::legacy::connect::{Connected, Connection, HttpConnector};
 use hyper_util::client::proxy::matcher::Matcher;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
-use rustls_platform_verifier::ConfigVerifierExt;
+use rustls::pki_types::CertificateDer;
+use rustls::pki_types::pem::PemObject;
+use rustls_platform_verifier::{ConfigVerifierExt, Verifier};
 use tokio::net::TcpStream;
 use tower::Service;
 
@@ -31,22 +38,77 @@ const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 /// Idle connections kept per upstream host.
 const IDLE_CONNECTIONS_PER_HOST: usize = 1024;
 
+/// Names a file holding the egress proxy's URL, credentials included if it needs them (the operator
+/// mounts it from `spec.model.egress.proxySecretRef`). When set, it is the proxy for `http` and
+/// `https` endpoints alike, in place of `HTTPS_PROXY`/`HTTP_PROXY`/`ALL_PROXY`; `NO_PROXY` still
+/// exempts hosts.
+pub const PROXY_URL_FILE_ENV: &str = "STRATA_PROXY_URL_FILE";
+
+/// Names a PEM file of certificate authorities trusted in addition to the system's (the operator
+/// mounts it from `spec.model.egress.trustedCAConfigMapRef`): for an endpoint, or a TLS-inspecting
+/// proxy, whose certificate a private authority issued.
+pub const TRUSTED_CA_FILE_ENV: &str = "STRATA_TRUSTED_CA_FILE";
+
 /// A connection error of any layer.
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
 /// The full connector: the proxy-aware TCP connector wrapped in TLS for `https` endpoints.
 pub type UpstreamConnector = HttpsConnector<ProxiedConnector>;
 
-/// Wraps `proxied` in TLS with the platform verifier's roots, HTTP/2 offered by ALPN.
+/// Wraps `proxied` in TLS with the platform verifier's roots, and the authorities of the file
+/// [`TRUSTED_CA_FILE_ENV`] names when set; HTTP/2 offered by ALPN.
 pub fn upstream_connector(proxied: ProxiedConnector) -> Result<UpstreamConnector, String> {
-    let tls = rustls::ClientConfig::with_platform_verifier()
-        .map_err(|error| format!("loading the platform's TLS roots: {error}"))?;
+    let extra_roots = match std::env::var_os(TRUSTED_CA_FILE_ENV) {
+        Some(path) => trusted_authorities_file(Path::new(&path))?,
+        None => Vec::new(),
+    };
+    let tls = tls_config(extra_roots)?;
     Ok(HttpsConnectorBuilder::new()
         .with_tls_config(tls)
         .https_or_http()
         .enable_http1()
         .enable_http2()
         .wrap_connector(proxied))
+}
+
+/// A client TLS config that verifies with the platform's roots plus `extra_roots`.
+fn tls_config(extra_roots: Vec<CertificateDer<'static>>) -> Result<rustls::ClientConfig, String> {
+    if extra_roots.is_empty() {
+        return rustls::ClientConfig::with_platform_verifier()
+            .map_err(|error| format!("loading the platform's TLS roots: {error}"));
+    }
+    let builder = rustls::ClientConfig::builder();
+    let verifier = Verifier::new_with_extra_roots(extra_roots, Arc::clone(builder.crypto_provider()))
+        .map_err(|error| format!("loading the platform's TLS roots and the trusted authorities: {error}"))?;
+    Ok(builder.dangerous().with_custom_certificate_verifier(Arc::new(verifier)).with_no_client_auth())
+}
+
+/// The certificates of the PEM file at `path`, read for [`TRUSTED_CA_FILE_ENV`].
+fn trusted_authorities_file(path: &Path) -> Result<Vec<CertificateDer<'static>>, String> {
+    let text = std::fs::read(path).map_err(|error| {
+        format!("reading the trusted authorities {} ({TRUSTED_CA_FILE_ENV}): {error}", path.display())
+    })?;
+    trusted_authorities(&text).map_err(|error| {
+        format!("the trusted authorities {} ({TRUSTED_CA_FILE_ENV}): {error}", path.display())
+    })
+}
+
+/// The certificates of a PEM bundle: at least one, and every `CERTIFICATE` block well formed.
+/// Other blocks (a key pasted in by mistake) are skipped.
+pub fn trusted_authorities(pem: &[u8]) -> Result<Vec<CertificateDer<'static>>, String> {
+    let certificates = CertificateDer::pem_slice_iter(pem)
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|error| format!("not a valid PEM bundle: {error}"))?;
+    if certificates.is_empty() {
+        return Err("it holds no PEM certificate (a -----BEGIN CERTIFICATE----- block)".into());
+    }
+    let mut parsed = rustls::RootCertStore::empty();
+    for (index, certificate) in certificates.iter().enumerate() {
+        parsed
+            .add(certificate.clone())
+            .map_err(|error| format!("certificate {} of the bundle cannot be used: {error}", index + 1))?;
+    }
+    Ok(certificates)
 }
 
 /// Opens TCP connections to the upstream, or to the proxy the environment names for it.
@@ -57,9 +119,22 @@ pub struct ProxiedConnector {
 }
 
 impl ProxiedConnector {
-    /// A connector that honours the environment's proxy variables.
-    pub fn from_environment() -> Self {
-        Self::with_proxies(Matcher::from_env())
+    /// A connector that honours the proxy in the file [`PROXY_URL_FILE_ENV`] names, or else the
+    /// environment's proxy variables.
+    pub fn from_environment() -> Result<Self, String> {
+        let Some(path) = std::env::var_os(PROXY_URL_FILE_ENV) else {
+            return Ok(Self::with_proxies(Matcher::from_env()));
+        };
+        let path = Path::new(&path);
+        let url = std::fs::read_to_string(path).map_err(|error| {
+            format!("reading the egress proxy's URL {} ({PROXY_URL_FILE_ENV}): {error}", path.display())
+        })?;
+        let no_proxy = ["NO_PROXY", "no_proxy"].into_iter().find_map(|name| std::env::var(name).ok());
+        let proxies =
+            proxy_matcher(url.trim(), no_proxy.as_deref().unwrap_or_default()).map_err(|error| {
+                format!("the egress proxy in {} ({PROXY_URL_FILE_ENV}): {error}", path.display())
+            })?;
+        Ok(Self::with_proxies(proxies))
     }
 
     fn with_proxies(proxies: Matcher) -> Self {
@@ -78,6 +153,17 @@ impl ProxiedConnector {
         }
         self.proxies.intercept(uri).and_then(|proxy| proxy.basic_auth().cloned())
     }
+}
+
+/// The proxy `url` for `http` and `https` endpoints alike, with the hosts of `no_proxy` (as
+/// `NO_PROXY` lists them) exempt. `url` must be an absolute `http` URL of a host; credentials in it
+/// are sent to the proxy.
+fn proxy_matcher(url: &str, no_proxy: &str) -> Result<Matcher, String> {
+    let parsed: Uri = url.parse().map_err(|_| "it is not a URL: write it as http://host:port".to_owned())?;
+    if parsed.scheme_str() != Some("http") || parsed.host().is_none_or(str::is_empty) {
+        return Err("the proxy must be an http:// URL of a host, e.g. http://proxy.example:3128".into());
+    }
+    Ok(Matcher::builder().http(url.to_owned()).https(url.to_owned()).no(no_proxy.to_owned()).build())
 }
 
 /// A TCP connection to the upstream or to its proxy. `through_proxy` marks a plain-HTTP
@@ -183,7 +269,7 @@ where
     B::Data: Send,
 {
     let _ = rustls::crypto::ring::default_provider().install_default();
-    let proxied = ProxiedConnector::from_environment();
+    let proxied = ProxiedConnector::from_environment()?;
     let connector = upstream_connector(proxied.clone())?;
     let client = Client::builder(TokioExecutor::new())
         .pool_max_idle_per_host(IDLE_CONNECTIONS_PER_HOST)
@@ -292,6 +378,43 @@ pub(super) mod tests {
         assert!(certificate_refusal(&refused_connection).is_none(), "not a certificate problem");
         let other_tls = io::Error::new(io::ErrorKind::InvalidData, rustls::Error::DecryptError);
         assert!(certificate_refusal(&other_tls).is_none(), "a TLS failure that is not the certificate");
+    }
+
+    #[test]
+    fn a_trusted_authorities_bundle_holds_certificates_and_nothing_unusable() {
+        let key = rcgen::KeyPair::generate().unwrap();
+        let mut params = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
+        params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+        let pem = params.self_signed(&key).unwrap().pem();
+        let bundle = format!("{pem}{pem}");
+        assert_eq!(trusted_authorities(bundle.as_bytes()).unwrap().len(), 2);
+        let with_key = format!("{}{pem}", key.serialize_pem());
+        assert_eq!(trusted_authorities(with_key.as_bytes()).unwrap().len(), 1, "a key block is skipped");
+        let empty = trusted_authorities(b"just text").unwrap_err();
+        assert!(empty.contains("no PEM certificate"), "{empty}");
+        let garbage = "-----BEGIN CERTIFICATE-----\nAAAA\n-----END CERTIFICATE-----\n";
+        let unusable = trusted_authorities(garbage.as_bytes()).unwrap_err();
+        assert!(unusable.contains("certificate 1"), "{unusable}");
+    }
+
+    #[test]
+    fn the_operators_proxy_serves_both_schemes_and_honours_no_proxy() {
+        let connector = ProxiedConnector::with_proxies(
+            proxy_matcher("http://agent:s3cret@proxy.example:3128", "internal.example,10.0.0.0/8").unwrap(),
+        );
+        let plain: Uri = "http://model.example/v1".parse().unwrap();
+        assert_eq!(
+            connector.proxy_authorization(&plain).unwrap().to_str().unwrap(),
+            "Basic YWdlbnQ6czNjcmV0"
+        );
+        let tls: Uri = "https://model.example/v1".parse().unwrap();
+        assert!(connector.proxies.intercept(&tls).is_some(), "https endpoints go through it too");
+        let exempt: Uri = "https://internal.example/v1".parse().unwrap();
+        assert!(connector.proxies.intercept(&exempt).is_none(), "NO_PROXY is honoured");
+        for refused in ["proxy.example:3128", "https://proxy.example:3128", "not a url"] {
+            let error = proxy_matcher(refused, "").unwrap_err();
+            assert!(error.contains("http://"), "{refused}: {error}");
+        }
     }
 
     fn matcher(http_proxy: &str, no_proxy: &str) -> Matcher {
