@@ -88,7 +88,7 @@ async fn every_invalid_sample_is_refused_with_the_apiservers_own_message() {
     let dir = samples_dir().join("invalid");
     let mut files: Vec<PathBuf> = std::fs::read_dir(&dir).unwrap().map(|e| e.unwrap().path()).collect();
     files.sort();
-    assert_eq!(files.len(), 22, "the full set of invalid samples");
+    assert_eq!(files.len(), 23, "the full set of invalid samples");
     let namespace = TempNamespace::create(&client, "invalid", &[]).await.unwrap();
     for path in &files {
         let text = std::fs::read_to_string(path).unwrap();

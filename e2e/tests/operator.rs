@@ -314,6 +314,84 @@ async fn a_missing_config_map_is_a_condition() {
     namespace.delete().await.unwrap();
 }
 
+/// `spec.model.egress`: an authorities ConfigMap that does not exist is a condition naming the
+/// field; once it exists (here a copy of the cluster's own root authority), the sidecar mounts it
+/// and the proxy's Secret, with the variables naming both files.
+#[tokio::test]
+#[cfg_attr(not(strata_e2e), ignore = "needs a cluster: set STRATA_E2E_KUBECONFIG")]
+async fn egress_settings_reach_the_sidecar_once_their_authorities_exist() {
+    let client = client().await.unwrap();
+    let (namespace, agents) = fleet_namespace(&client, "egress").await.unwrap();
+    let ns = &namespace.name;
+    settled(&client, ns, &agents).await;
+    let egress = json!({"spec": {"model": {"egress": {
+        "proxySecretRef": {"name": "egress-proxy", "key": "url"},
+        "noProxy": [".svc.cluster.local"],
+        "trustedCAConfigMapRef": {"name": "corporate-ca", "key": "ca.pem"},
+    }}}});
+    agents.patch("builder", &editor(), &Patch::Merge(egress)).await.unwrap();
+    let message = eventually("ReferencesResolved=False", MINUTE, || async {
+        let status = agents.get("builder").await.ok()?.status?;
+        let condition = status.conditions.into_iter().find(|c| c.type_ == "ReferencesResolved")?;
+        (condition.status == "False" && condition.reason == "ConfigMapNotFound").then_some(condition.message)
+    })
+    .await;
+    assert!(message.contains("spec.model.egress.trustedCAConfigMapRef"), "{message}");
+
+    let maps: Api<ConfigMap> = Api::namespaced(client.clone(), ns);
+    let root = eventually("kube-root-ca.crt", MINUTE, || async {
+        maps.get_opt("kube-root-ca.crt").await.ok().flatten()
+    })
+    .await;
+    let pem = root.data.unwrap()["ca.crt"].clone();
+    let authorities: ConfigMap = serde_json::from_value(json!({
+        "metadata": {"name": "corporate-ca"},
+        "data": {"ca.pem": pem},
+    }))
+    .unwrap();
+    maps.create(&PostParams::default(), &authorities).await.unwrap();
+    let sets: Api<StatefulSet> = Api::namespaced(client.clone(), ns);
+    let pod = eventually("the sidecar with the egress files", MINUTE, || async {
+        let set = sets.get("builder").await.ok()?;
+        let pod = set.spec?.template.spec?;
+        let sidecar = pod.init_containers.as_ref()?.first()?.clone();
+        let names: Vec<String> = sidecar.env.iter().flatten().map(|e| e.name.clone()).collect();
+        names.contains(&"STRATA_TRUSTED_CA_FILE".to_owned()).then_some(pod)
+    })
+    .await;
+    let sidecar = pod.init_containers.clone().unwrap().remove(0);
+    let value = |name: &str| {
+        sidecar
+            .env
+            .iter()
+            .flatten()
+            .find(|e| e.name == name)
+            .and_then(|e| e.value.clone())
+            .unwrap_or_default()
+    };
+    assert_eq!(value("STRATA_PROXY_URL_FILE"), "/etc/strata/egress-proxy/url");
+    assert_eq!(value("NO_PROXY"), ".svc.cluster.local");
+    assert_eq!(value("STRATA_TRUSTED_CA_FILE"), "/etc/strata/trusted-ca/ca.pem");
+    let volumes = pod.volumes.unwrap();
+    let secret = volumes.iter().find(|v| v.name == "egress-proxy").and_then(|v| v.secret.clone()).unwrap();
+    assert_eq!(secret.secret_name.as_deref(), Some("egress-proxy"));
+    let config_map =
+        volumes.iter().find(|v| v.name == "trusted-ca").and_then(|v| v.config_map.clone()).unwrap();
+    assert_eq!(config_map.name, "corporate-ca");
+    assert!(
+        !pod.containers.iter().any(|c| c.env.iter().flatten().any(|e| e.name == "STRATA_PROXY_URL_FILE")),
+        "the agent container is left as it is"
+    );
+    let resolved = eventually("ReferencesResolved=True", MINUTE, || async {
+        let status = agents.get("builder").await.ok()?.status?;
+        let condition = status.conditions.into_iter().find(|c| c.type_ == "ReferencesResolved")?;
+        (condition.status == "True").then_some(condition)
+    })
+    .await;
+    assert_eq!(resolved.status, "True");
+    namespace.delete().await.unwrap();
+}
+
 #[tokio::test]
 #[cfg_attr(not(strata_e2e), ignore = "needs a cluster: set STRATA_E2E_KUBECONFIG")]
 async fn one_replica_holds_the_leader_lease() {

@@ -142,6 +142,38 @@ pub struct ModelSpec {
     pub tokenizer: Option<Tokenizer>,
     /// Secret key holding the provider API key. Mounted into the sidecar only, never the agent container.
     pub credentials_secret_ref: LocalKeyRef,
+    /// How the gateway and compaction Jobs reach the endpoint from a network that allows egress only
+    /// through a proxy, or that inspects TLS with a private authority. The agent container is left
+    /// as it is.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub egress: Option<EgressSpec>,
+}
+
+/// The way out to the model's endpoint: a proxy and the authorities to trust.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, KubeSchema)]
+#[serde(rename_all = "camelCase")]
+#[x_kube(
+    validation = Rule::new("!has(self.noProxy) || has(self.proxySecretRef)")
+        .message("egress.noProxy lists exceptions to a proxy: set egress.proxySecretRef too, or remove noProxy"),
+    validation = Rule::new("has(self.proxySecretRef) || has(self.trustedCAConfigMapRef)")
+        .message("egress is empty: set proxySecretRef, trustedCAConfigMapRef or both, or remove egress"),
+)]
+pub struct EgressSpec {
+    /// Secret key holding the proxy's URL, `http://host:port`, with `user:password@` before the host
+    /// if the proxy needs credentials. `https` endpoints are reached through a CONNECT tunnel, and
+    /// the credentials go to the proxy only. Mounted as a file; the URL never enters an environment.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub proxy_secret_ref: Option<LocalKeyRef>,
+    /// Hosts reached without the proxy, as NO_PROXY lists them: a host, a domain with a leading dot
+    /// (`.svc.cluster.local`), an IP address or a CIDR block.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 64), inner(length(min = 1, max = 253), regex(pattern = r"^[^,\s]+$")))]
+    pub no_proxy: Option<Vec<String>>,
+    /// ConfigMap key holding PEM certificates of authorities to trust in addition to the system's:
+    /// for an endpoint, or a TLS-inspecting proxy, whose certificate a private authority issued. Read
+    /// when the gateway starts; a changed bundle takes effect when the pod restarts.
+    #[serde(default, rename = "trustedCAConfigMapRef", skip_serializing_if = "Option::is_none")]
+    pub trusted_ca_config_map_ref: Option<LocalKeyRef>,
 }
 
 impl ModelSpec {

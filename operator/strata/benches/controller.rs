@@ -68,6 +68,7 @@ fn inputs(agent: &Agent) -> AgentInputs {
         context_policy: PolicyLookup::Found(Box::new(policy)),
         system_prompt: Some(text("builder-prompt", "system.md")),
         tools: Some(text("fleet-tools", "tools.json")),
+        trusted_authorities: None,
         pod: None,
     }
 }

@@ -16,7 +16,6 @@ use strata::controller::child_index::{ChildKind, Ownership};
 use strata::controller::context::{Caches, Context};
 use strata::controller::error::Error;
 use strata_api::agent::{AgentStatus, ContextStatus};
-use strata_api::compaction_job::{CompactionJobSpec, CompactionMode};
 use strata_api::refs::LocalRef;
 use strata_api::{Agent, CompactionJob};
 
@@ -407,19 +406,7 @@ fn budget_job(
     created: Timestamp,
     phase: Option<strata_api::compaction_job::CompactionPhase>,
 ) -> CompactionJob {
-    let mut job = CompactionJob::new(
-        name,
-        CompactionJobSpec {
-            agent_ref: LocalRef { name: "builder".into() },
-            mode: CompactionMode::Budget,
-            reason: None,
-            resume_instruction: None,
-            rollback: None,
-            purge: None,
-            ttl_seconds_after_finished: None,
-        },
-    );
-    job.metadata.namespace = Some(NAMESPACE.into());
+    let mut job = budget_compaction_job(name);
     job.metadata.creation_timestamp = Some(Time(created));
     job.status = phase.map(|phase| strata_api::compaction_job::CompactionJobStatus {
         phase: Some(phase),

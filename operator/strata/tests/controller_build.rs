@@ -450,3 +450,97 @@ fn the_summarisers_own_key_is_mounted_in_the_sidecar_for_its_compactions() {
     };
     assert_ne!(annotation(&plain), annotation(&children), "another key restarts the pod to mount it");
 }
+
+/// An Agent behind an egress proxy and a TLS-inspecting authority.
+fn agent_with_egress() -> Agent {
+    use strata_api::agent::EgressSpec;
+    use strata_api::refs::LocalKeyRef;
+    let mut builder = agent("builder");
+    builder.spec.model.egress = Some(EgressSpec {
+        proxy_secret_ref: Some(LocalKeyRef { name: "egress-proxy".into(), key: "url".into() }),
+        no_proxy: Some(vec![".svc.cluster.local".into(), "10.0.0.0/8".into()]),
+        trusted_ca_config_map_ref: Some(LocalKeyRef { name: "corporate-ca".into(), key: "ca.pem".into() }),
+    });
+    builder
+}
+
+/// A PEM bundle with one authority, made for the test.
+fn authority_pem() -> String {
+    let key = rcgen::KeyPair::generate().unwrap();
+    let mut params = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
+    params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+    params.self_signed(&key).unwrap().pem()
+}
+
+#[test]
+fn egress_reaches_the_sidecar_and_compaction_jobs_but_not_the_agent_container() {
+    let builder = agent_with_egress();
+    let mut inputs = inputs_for(&builder);
+    inputs.trusted_authorities = Some(Fetched::Text(authority_pem()));
+    let children = build(&builder, &validated_with(&builder, inputs), &settings()).unwrap();
+    let variables = |env: &Option<Vec<k8s_openapi::api::core::v1::EnvVar>>| -> Vec<(String, String)> {
+        env.iter().flatten().filter_map(|e| Some((e.name.clone(), e.value.clone()?))).collect()
+    };
+    let expected = [
+        ("STRATA_PROXY_URL_FILE".to_owned(), "/etc/strata/egress-proxy/url".to_owned()),
+        ("NO_PROXY".to_owned(), ".svc.cluster.local,10.0.0.0/8".to_owned()),
+        ("STRATA_TRUSTED_CA_FILE".to_owned(), "/etc/strata/trusted-ca/ca.pem".to_owned()),
+    ];
+    let gateway = sidecar(&children);
+    let gateway_env = variables(&gateway.env);
+    assert!(expected.iter().all(|pair| gateway_env.contains(pair)), "{gateway_env:?}");
+    let mounted: Vec<String> = gateway.volume_mounts.iter().flatten().map(|m| m.name.clone()).collect();
+    assert!(mounted.contains(&"egress-proxy".to_owned()) && mounted.contains(&"trusted-ca".to_owned()));
+    let pod = pod(&children);
+    for container in &pod.containers {
+        let env = variables(&container.env);
+        assert!(!env.iter().any(|(name, _)| expected.iter().any(|(e, _)| e == name)), "{env:?}");
+        assert!(!container.volume_mounts.iter().flatten().any(|m| m.name == "egress-proxy"));
+    }
+    let volumes = pod.volumes.unwrap();
+    let proxy = volumes.iter().find(|v| v.name == "egress-proxy").unwrap().secret.clone().unwrap();
+    assert_eq!(proxy.secret_name.as_deref(), Some("egress-proxy"));
+    let authorities = volumes.iter().find(|v| v.name == "trusted-ca").unwrap().config_map.clone().unwrap();
+    assert_eq!(authorities.name, "corporate-ca");
+    let rollout = |c: &Children| {
+        c.stateful_set.spec.clone().unwrap().template.metadata.unwrap().annotations.unwrap()["strata.dev/rollout-hash"].clone()
+    };
+    assert_ne!(rollout(&children), rollout(&self::children(&agent("builder"))), "egress restarts the pod");
+
+    let mut compaction = budget_compaction_job("compact-now");
+    compaction.metadata.uid = Some("uid-compaction".into());
+    let job =
+        strata::controller::compaction::job::build_job(&compaction, &builder, "strata:test", None, None)
+            .unwrap();
+    let job_pod = job.spec.unwrap().template.spec.unwrap();
+    let job_env = variables(&job_pod.containers[0].env);
+    assert!(
+        expected.iter().all(|pair| job_env.contains(pair)),
+        "the summariser goes out the same way: {job_env:?}"
+    );
+    let job_volumes: Vec<String> = job_pod.volumes.unwrap().into_iter().map(|v| v.name).collect();
+    assert!(
+        job_volumes.contains(&"egress-proxy".to_owned()) && job_volumes.contains(&"trusted-ca".to_owned())
+    );
+}
+
+#[test]
+fn an_unusable_trusted_authority_bundle_is_a_problem_that_says_what_to_do() {
+    let builder = agent_with_egress();
+    let verdict = |fetched: Fetched| {
+        let mut inputs = inputs_for(&builder);
+        inputs.trusted_authorities = Some(fetched);
+        match validate(&builder, &inputs, &PrefixCache::default(), &master_key()).unwrap() {
+            Validation::Invalid(problems) => problems,
+            Validation::Valid(_) => panic!("must be invalid"),
+        }
+    };
+    let missing = verdict(Fetched::MissingConfigMap("corporate-ca".into()));
+    assert_eq!(missing[0].reason, "ConfigMapNotFound");
+    assert!(missing[0].message.contains("spec.model.egress.trustedCAConfigMapRef"), "{}", missing[0].message);
+    let no_key = verdict(Fetched::MissingKey { name: "corporate-ca".into(), key: "ca.pem".into() });
+    assert_eq!(no_key[0].reason, "ConfigMapKeyNotFound");
+    let not_pem = verdict(Fetched::Text("paste the certificate here".into()));
+    assert_eq!(not_pem[0].reason, "TrustedAuthoritiesInvalid");
+    assert!(not_pem[0].message.contains("PEM"), "{}", not_pem[0].message);
+}

@@ -197,19 +197,35 @@ async fn connect_proxy() -> (SocketAddr, ConnectHeads) {
     (address, heads)
 }
 
-#[tokio::test]
-async fn an_https_upstream_behind_an_egress_proxy_is_reached_through_a_tunnel_with_credentials() {
+/// Sends one chat through a gateway in front of a TLS upstream, whose environment `env_for` makes
+/// from the upstream authority's bundle, the fake proxy's address and a scratch directory; then
+/// checks that it went through one tunnel with the proxy's credentials.
+async fn chat_through_a_proxy(
+    text: &str,
+    env_for: impl FnOnce(&Path, SocketAddr, &Path) -> Vec<(&'static str, String)>,
+) {
     let dir = tempfile::tempdir().unwrap();
     let (fake, bundle, endpoint) = trusted_tls_upstream(dir.path()).await;
     let (proxy, heads) = connect_proxy().await;
-    let proxy_url = format!("http://agent:s3cret@{proxy}");
-    let env = [("SSL_CERT_FILE", bundle.to_str().unwrap()), ("HTTPS_PROXY", proxy_url.as_str())];
+    let env = env_for(&bundle, proxy, dir.path());
+    let env: Vec<(&str, &str)> = env.iter().map(|(name, value)| (*name, value.as_str())).collect();
     let (gateway, client) = gateway(dir.path(), &fake, endpoint, &env).await;
 
-    let (status, answer) = chat(&client, &gateway, "through the proxy").await;
+    let (status, answer) = chat(&client, &gateway, text).await;
     assert_eq!(status, 200, "{answer}");
-    assert!(fake.seen()[0].raw.contains("through the proxy"));
+    assert!(fake.seen()[0].raw.contains(text));
     assert_one_tunnel_with_credentials(&heads, &fake);
+}
+
+#[tokio::test]
+async fn an_https_upstream_behind_an_egress_proxy_is_reached_through_a_tunnel_with_credentials() {
+    chat_through_a_proxy("through the proxy", |bundle, proxy, _| {
+        vec![
+            ("SSL_CERT_FILE", bundle.display().to_string()),
+            ("HTTPS_PROXY", format!("http://agent:s3cret@{proxy}")),
+        ]
+    })
+    .await;
 }
 
 /// What the operator gives a sidecar for `spec.model.egress`: the proxy's URL in a mounted file
@@ -217,21 +233,15 @@ async fn an_https_upstream_behind_an_egress_proxy_is_reached_through_a_tunnel_wi
 /// (`STRATA_TRUSTED_CA_FILE`), not in place of them.
 #[tokio::test]
 async fn the_operators_egress_files_give_the_proxy_and_a_private_authority() {
-    let dir = tempfile::tempdir().unwrap();
-    let (fake, bundle, endpoint) = trusted_tls_upstream(dir.path()).await;
-    let (proxy, heads) = connect_proxy().await;
-    let proxy_file = dir.path().join("proxy-url");
-    std::fs::write(&proxy_file, format!("http://agent:s3cret@{proxy}\n")).unwrap();
-    let env = [
-        ("STRATA_TRUSTED_CA_FILE", bundle.to_str().unwrap()),
-        ("STRATA_PROXY_URL_FILE", proxy_file.to_str().unwrap()),
-    ];
-    let (gateway, client) = gateway(dir.path(), &fake, endpoint, &env).await;
-
-    let (status, answer) = chat(&client, &gateway, "through the operator's proxy").await;
-    assert_eq!(status, 200, "{answer}");
-    assert!(fake.seen()[0].raw.contains("through the operator's proxy"));
-    assert_one_tunnel_with_credentials(&heads, &fake);
+    chat_through_a_proxy("through the operator's proxy", |bundle, proxy, dir| {
+        let proxy_file = dir.join("proxy-url");
+        std::fs::write(&proxy_file, format!("http://agent:s3cret@{proxy}\n")).unwrap();
+        vec![
+            ("STRATA_TRUSTED_CA_FILE", bundle.display().to_string()),
+            ("STRATA_PROXY_URL_FILE", proxy_file.display().to_string()),
+        ]
+    })
+    .await;
 }
 
 /// A trusted-authorities file that holds no certificate stops the gateway at startup, with the

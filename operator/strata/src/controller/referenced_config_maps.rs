@@ -1,4 +1,4 @@
-//! The ConfigMaps Agents refer to (system prompt, tools): a metadata-only watch of the ConfigMaps
+//! The ConfigMaps Agents refer to (system prompt, tools, trusted authorities): a metadata-only watch of the ConfigMaps
 //! Strata does not manage keeps their resourceVersions, and each version's data is read once with a
 //! targeted get and memoised, so a settled Agent's reconcile reads nothing and an edit wakes at once
 //! every Agent that names the ConfigMap.
@@ -34,13 +34,13 @@ pub fn trim(meta: &mut PartialObjectMeta<ConfigMap>) {
 
 /// The names of the ConfigMaps `agent` refers to.
 pub fn referenced_by(agent: &Agent) -> Vec<&str> {
-    let Some(prefix) = agent.spec.stable_prefix.as_ref() else { return Vec::new() };
-    let prompt = prefix.system_prompt.as_ref().and_then(|source| source.config_map_key_ref.as_ref());
-    prompt
-        .map(|r| r.name.as_str())
-        .into_iter()
-        .chain(prefix.tools.as_ref().map(|r| r.name.as_str()))
-        .collect()
+    let prefix = agent.spec.stable_prefix.as_ref();
+    let prompt =
+        prefix.and_then(|p| p.system_prompt.as_ref()).and_then(|source| source.config_map_key_ref.as_ref());
+    let tools = prefix.and_then(|p| p.tools.as_ref());
+    let authorities =
+        agent.spec.model.egress.as_ref().and_then(|egress| egress.trusted_ca_config_map_ref.as_ref());
+    [prompt, tools, authorities].into_iter().flatten().map(|r| r.name.as_str()).collect()
 }
 
 /// The Agents of `agents` that refer to the ConfigMap `meta`.

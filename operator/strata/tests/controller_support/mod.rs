@@ -24,6 +24,27 @@ use strata_api::{Agent, ClusterContextPolicy, CompactionJob, ContextPolicy};
 use strata_core::cache_key::MasterKey;
 
 pub const NAMESPACE: &str = "rateright";
+
+/// A Budget-mode CompactionJob `name` for the fixture's `builder`, in its namespace.
+#[allow(dead_code)] // not every test binary that includes this module compacts
+pub fn budget_compaction_job(name: &str) -> CompactionJob {
+    use strata_api::compaction_job::{CompactionJobSpec, CompactionMode};
+    use strata_api::refs::LocalRef;
+    let mut job = CompactionJob::new(
+        name,
+        CompactionJobSpec {
+            agent_ref: LocalRef { name: "builder".into() },
+            mode: CompactionMode::Budget,
+            reason: None,
+            resume_instruction: None,
+            rollback: None,
+            purge: None,
+            ttl_seconds_after_finished: None,
+        },
+    );
+    job.metadata.namespace = Some(NAMESPACE.into());
+    job
+}
 pub const OPERATOR_NAMESPACE: &str = "strata-system";
 pub const GATEWAY_IMAGE: &str = "ghcr.io/strata-dev/strata:0.1.0";
 
@@ -157,6 +178,13 @@ pub fn inputs_for(agent: &Agent) -> AgentInputs {
             (None, None) => Fetched::Text(String::new()),
         }),
         tools: prefix.tools.map(|r| config_map_text(&r.name, &r.key)),
+        trusted_authorities: agent
+            .spec
+            .model
+            .egress
+            .as_ref()
+            .and_then(|egress| egress.trusted_ca_config_map_ref.as_ref())
+            .map(|r| config_map_text(&r.name, &r.key)),
         pod: None,
     }
 }

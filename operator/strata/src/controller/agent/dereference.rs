@@ -31,6 +31,8 @@ pub struct AgentInputs {
     pub system_prompt: Option<Fetched>,
     /// The tools JSON, if the Agent has one.
     pub tools: Option<Fetched>,
+    /// The PEM bundle of `spec.model.egress.trustedCAConfigMapRef`, if the Agent names one.
+    pub trusted_authorities: Option<Fetched>,
     /// The agent pod, if it exists.
     pub pod: Option<PodObservation>,
 }
@@ -121,8 +123,21 @@ pub async fn dereference(agent: &Agent, ctx: &Context) -> Result<AgentInputs> {
         None => None,
         Some(key_ref) => Some(read_key(ctx, &namespace, &key_ref.name, &key_ref.key).await?),
     };
+    let trusted_authorities =
+        match agent.spec.model.egress.as_ref().and_then(|e| e.trusted_ca_config_map_ref.as_ref()) {
+            None => None,
+            Some(key_ref) => Some(read_key(ctx, &namespace, &key_ref.name, &key_ref.key).await?),
+        };
     let pod = cached_observation(&ctx.caches.pods, &ctx.caches.mount_failures, &namespace, &name);
-    Ok(AgentInputs { namespace: namespace_info, cluster_policies, context_policy, system_prompt, tools, pod })
+    Ok(AgentInputs {
+        namespace: namespace_info,
+        cluster_policies,
+        context_policy,
+        system_prompt,
+        tools,
+        trusted_authorities,
+        pod,
+    })
 }
 
 fn namespace_info(ctx: &Context, namespace: &str) -> Result<NamespaceInfo> {

@@ -19,6 +19,7 @@ use strata_core::tokens::TokenizerKind;
 use crate::controller::agent::dereference::{AgentInputs, Fetched, PolicyLookup};
 use crate::controller::error::{Error, Result};
 use crate::controller::prefix_cache::{PrefixCache, PrefixFailure};
+use crate::gateway::connector::trusted_authorities;
 
 /// Longest Agent name: the StatefulSet's pods get a `controller-revision-hash` label of
 /// `<name>-<10 characters>`, which must fit in 63.
@@ -130,8 +131,21 @@ pub fn validate(
             None
         }
     };
-    let system_prompt = text_or_problem(inputs.system_prompt.as_ref(), "systemPrompt", &mut problems);
-    let tools_text = text_or_problem(inputs.tools.as_ref(), "tools", &mut problems);
+    let system_prompt =
+        text_or_problem(inputs.system_prompt.as_ref(), "stablePrefix.systemPrompt", &mut problems);
+    let tools_text = text_or_problem(inputs.tools.as_ref(), "stablePrefix.tools", &mut problems);
+    let authorities_field = "spec.model.egress.trustedCAConfigMapRef";
+    if let Some(bundle) =
+        text_or_problem(inputs.trusted_authorities.as_ref(), authorities_field, &mut problems)
+        && let Err(error) = trusted_authorities(bundle.as_bytes())
+    {
+        problems.push(Problem::reference(
+            "TrustedAuthoritiesInvalid",
+            format!(
+                "the ConfigMap key of {authorities_field} cannot be trusted: {error}; put the authorities' PEM certificates in it"
+            ),
+        ));
+    }
     let tools = match tools_text.as_deref() {
         None => Vec::new(),
         Some(text) => match serde_json::from_str::<Vec<serde_json::Value>>(text) {
@@ -205,11 +219,18 @@ pub fn validate(
         });
     }
     if let Some(secret) = inputs.pod.as_ref().and_then(|pod| pod.missing_secret.as_ref()) {
+        let model = &agent.spec.model;
+        let proxy = model.egress.as_ref().and_then(|egress| egress.proxy_secret_ref.as_ref());
+        let names_proxy =
+            proxy.is_some_and(|proxy| &proxy.name == secret) && model.credentials_secret_ref.name != *secret;
+        let (what, field) = if names_proxy {
+            ("the egress proxy's Secret", "spec.model.egress.proxySecretRef")
+        } else {
+            ("the credentials Secret", "spec.model.credentialsSecretRef")
+        };
         warnings.push(Problem::reference(
             "SecretNotFound",
-            format!(
-                "the credentials Secret {secret:?} (spec.model.credentialsSecretRef) does not exist: create it in this namespace"
-            ),
+            format!("{what} {secret:?} ({field}) does not exist: create it in this namespace"),
         ));
     }
     Ok(Validation::Valid(Box::new(Validated {
@@ -300,16 +321,14 @@ fn text_or_problem(fetched: Option<&Fetched>, field: &str, problems: &mut Vec<Pr
         Fetched::MissingConfigMap(name) => {
             problems.push(Problem::reference(
                 "ConfigMapNotFound",
-                format!(
-                    "ConfigMap {name:?} (stablePrefix.{field}) does not exist in this namespace: create it"
-                ),
+                format!("ConfigMap {name:?} ({field}) does not exist in this namespace: create it"),
             ));
             None
         }
         Fetched::MissingKey { name, key } => {
             problems.push(Problem::reference(
                 "ConfigMapKeyNotFound",
-                format!("ConfigMap {name:?} has no key {key:?} (stablePrefix.{field}): add the key or fix the reference"),
+                format!("ConfigMap {name:?} has no key {key:?} ({field}): add the key or fix the reference"),
             ));
             None
         }

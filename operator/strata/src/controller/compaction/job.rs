@@ -18,7 +18,8 @@ use strata_api::{Agent, CompactionJob};
 use crate::compact::exit::{EXIT_CHECK_FAILED, EXIT_DATA, EXIT_USAGE};
 use crate::controller::agent::build::{
     API_KEY_FILE, CONFIG_DIR, CONFIG_FILE, DATA_DIR, config_and_credentials_volumes, config_map_name,
-    journal_claim_name, mount, restricted, runtime_default_seccomp, summarizer_mount, summarizer_volume,
+    egress_mounts, journal_claim_name, mount, restricted, runtime_default_seccomp, summarizer_mount,
+    summarizer_volume,
 };
 use crate::controller::error::{Error, Result, name_of, namespace_of};
 use crate::controller::labels::{LABEL_AGENT, LABEL_COMPACTION_JOB, LABEL_MANAGED_BY, MANAGED_BY};
@@ -126,10 +127,14 @@ pub fn build_job(
     if summarizer_credentials.is_some() {
         mounts.push(summarizer_mount());
     }
+    // The summariser calls a model, so the Job reaches it as the gateway does.
+    let egress = egress_mounts(agent.spec.model.egress.as_ref());
+    mounts.extend(egress.mounts);
     let container = Container {
         name: COMPACT_CONTAINER.into(),
         image: Some(image.into()),
         args: Some(compact_args(compaction)),
+        env: (!egress.env.is_empty()).then_some(egress.env),
         termination_message_path: Some(TERMINATION_LOG.into()),
         // The record (or the error `strata compact` wrote); the log tail if it wrote nothing.
         termination_message_policy: Some("FallbackToLogsOnError".into()),
@@ -160,6 +165,7 @@ pub fn build_job(
         Volume { name: "tmp".into(), empty_dir: Some(EmptyDirVolumeSource::default()), ..Volume::default() },
     ];
     volumes.extend(summarizer_credentials.map(summarizer_volume));
+    volumes.extend(egress.volumes);
     Ok(Job {
         metadata: ObjectMeta {
             name: Some(job_name(compaction)),

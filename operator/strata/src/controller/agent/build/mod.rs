@@ -3,6 +3,7 @@
 //! annotation of its own content, which the apply step compares before writing.
 
 mod config_map;
+mod egress;
 mod metadata;
 mod network_policy;
 mod rbac;
@@ -18,6 +19,7 @@ use serde::Serialize;
 use strata_api::Agent;
 
 pub use config_map::{CONFIG_FILE, config_map_name, gateway_config};
+pub(crate) use egress::egress_mounts;
 pub use metadata::ChildMeta;
 pub use stateful_set::{
     API_KEY_FILE, CONFIG_DIR, DATA_DIR, GATEWAY_LISTEN, GATEWAY_PORT, JOURNAL_VOLUME, METRICS_PORT,

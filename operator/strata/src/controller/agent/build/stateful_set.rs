@@ -24,6 +24,7 @@ use strata_api::agent::CacheAffinityMode;
 use strata_api::refs::LocalKeyRef;
 
 use super::config_map::{CONFIG_FILE, config_map_name};
+use super::egress::{EgressMounts, egress_mounts};
 use super::metadata::ChildMeta;
 use crate::compact::SUMMARIZER_KEY_FILE;
 use crate::controller::agent::dereference::GATEWAY_CONTAINER;
@@ -125,6 +126,10 @@ fn pod_template(
     if let Some(key) = summarizer_key {
         rollout_inputs["summarizerCredentials"] = json!(key);
     }
+    if let Some(egress) = &model.egress {
+        rollout_inputs["egress"] = json!(egress);
+    }
+    let egress = egress_mounts(model.egress.as_ref());
     let rollout_hash = json_sha256(&rollout_inputs, "pod rollout inputs")?;
     Ok(PodTemplateSpec {
         metadata: Some(ObjectMeta {
@@ -142,9 +147,13 @@ fn pod_template(
                 seccomp_profile: Some(runtime_default_seccomp()),
                 ..PodSecurityContext::default()
             }),
-            init_containers: Some(vec![gateway_container(meta, settings, summarizer_key.is_some())]),
+            init_containers: Some(vec![gateway_container(meta, settings, summarizer_key.is_some(), &egress)]),
             containers: vec![runtime_container(agent)],
-            volumes: Some(volumes(meta, agent, summarizer_key)),
+            volumes: Some({
+                let mut volumes = volumes(meta, agent, summarizer_key);
+                volumes.extend(egress.volumes);
+                volumes
+            }),
             affinity: cache_affinity(meta, agent),
             ..PodSpec::default()
         }),
@@ -181,11 +190,16 @@ pub(crate) fn config_and_credentials_volumes(config_map: &str, credentials: &Loc
 
 /// A volume `name` holding the Secret key `key` as the file `api-key`, readable by the group only.
 fn api_key_volume(name: &str, key: &LocalKeyRef) -> Volume {
+    secret_file_volume(name, key, "api-key")
+}
+
+/// A volume `name` holding the Secret key `key` as the file `file`, readable by the group only.
+pub(crate) fn secret_file_volume(name: &str, key: &LocalKeyRef, file: &str) -> Volume {
     Volume {
         name: name.into(),
         secret: Some(SecretVolumeSource {
             secret_name: Some(key.name.clone()),
-            items: Some(vec![KeyToPath { key: key.key.clone(), path: "api-key".into(), mode: None }]),
+            items: Some(vec![KeyToPath { key: key.key.clone(), path: file.into(), mode: None }]),
             default_mode: Some(0o440),
             optional: Some(false),
         }),
@@ -236,7 +250,12 @@ fn field_env(name: &str, path: &str) -> EnvVar {
 }
 
 /// The gateway, as a native sidecar (an init container that keeps running).
-fn gateway_container(meta: &ChildMeta, settings: &Settings, summarizer_key: bool) -> Container {
+fn gateway_container(
+    meta: &ChildMeta,
+    settings: &Settings,
+    summarizer_key: bool,
+    egress: &EgressMounts,
+) -> Container {
     let metrics_listen = format!("0.0.0.0:{METRICS_PORT}");
     let config_path = format!("{CONFIG_DIR}/{CONFIG_FILE}");
     let args = [
@@ -261,10 +280,15 @@ fn gateway_container(meta: &ChildMeta, settings: &Settings, summarizer_key: bool
         command: Some(vec![GATEWAY_PROGRAM.into()]),
         args: Some(args.iter().map(|arg| arg.to_string()).collect()),
         restart_policy: Some("Always".into()),
-        env: Some(vec![
-            plain_env("STRATA_AGENT_NAME", &meta.agent),
-            field_env("STRATA_NAMESPACE", "metadata.namespace"),
-        ]),
+        env: Some(
+            [
+                plain_env("STRATA_AGENT_NAME", &meta.agent),
+                field_env("STRATA_NAMESPACE", "metadata.namespace"),
+            ]
+            .into_iter()
+            .chain(egress.env.iter().cloned())
+            .collect(),
+        ),
         ports: Some(vec![ContainerPort {
             name: Some("metrics".into()),
             container_port: METRICS_PORT,
@@ -290,6 +314,7 @@ fn gateway_container(meta: &ChildMeta, settings: &Settings, summarizer_key: bool
             if summarizer_key {
                 mounts.push(summarizer_mount());
             }
+            mounts.extend(egress.mounts.iter().cloned());
             mounts
         }),
         termination_message_policy: Some("FallbackToLogsOnError".into()),
