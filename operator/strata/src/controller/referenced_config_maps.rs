@@ -1,7 +1,7 @@
-//! The ConfigMaps Agents refer to (system prompt, tools, trusted authorities): a metadata-only watch of the ConfigMaps
-//! Strata does not manage keeps their resourceVersions, and each version's data is read once with a
-//! targeted get and memoised, so a settled Agent's reconcile reads nothing and an edit wakes at once
-//! every Agent that names the ConfigMap.
+//! The ConfigMaps Agents refer to (system prompt, tools, trusted authorities): a metadata-only
+//! watch of the ConfigMaps Strata does not manage keeps their resourceVersions, and each version's
+//! data is read once with a targeted get and memoised, so a settled Agent's reconcile reads nothing
+//! and an edit wakes at once every Agent that names the ConfigMap.
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex, PoisonError};

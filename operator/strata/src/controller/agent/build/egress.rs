@@ -4,7 +4,7 @@
 use k8s_openapi::api::core::v1::{ConfigMapVolumeSource, EnvVar, KeyToPath, Volume, VolumeMount};
 use strata_api::agent::EgressSpec;
 
-use super::stateful_set::{mount, secret_file_volume};
+use super::stateful_set::{mount, plain_env, secret_file_volume};
 use crate::gateway::connector::{PROXY_URL_FILE_ENV, TRUSTED_CA_FILE_ENV};
 
 /// Where the proxy's URL is mounted, as the file `url`.
@@ -27,13 +27,12 @@ pub(crate) struct EgressMounts {
 pub(crate) fn egress_mounts(egress: Option<&EgressSpec>) -> EgressMounts {
     let mut out = EgressMounts::default();
     let Some(egress) = egress else { return out };
-    let env = |name: &str, value: String| EnvVar { name: name.into(), value: Some(value), value_from: None };
     if let Some(proxy) = &egress.proxy_secret_ref {
         out.volumes.push(secret_file_volume(PROXY_VOLUME, proxy, "url"));
         out.mounts.push(mount(PROXY_VOLUME, PROXY_DIR, true));
-        out.env.push(env(PROXY_URL_FILE_ENV, format!("{PROXY_DIR}/url")));
+        out.env.push(plain_env(PROXY_URL_FILE_ENV, &format!("{PROXY_DIR}/url")));
         if let Some(hosts) = egress.no_proxy.as_ref().filter(|hosts| !hosts.is_empty()) {
-            out.env.push(env("NO_PROXY", hosts.join(",")));
+            out.env.push(plain_env("NO_PROXY", &hosts.join(",")));
         }
     }
     if let Some(authorities) = &egress.trusted_ca_config_map_ref {
@@ -52,7 +51,7 @@ pub(crate) fn egress_mounts(egress: Option<&EgressSpec>) -> EgressMounts {
             ..Volume::default()
         });
         out.mounts.push(mount(TRUSTED_CA_VOLUME, TRUSTED_CA_DIR, true));
-        out.env.push(env(TRUSTED_CA_FILE_ENV, format!("{TRUSTED_CA_DIR}/ca.pem")));
+        out.env.push(plain_env(TRUSTED_CA_FILE_ENV, &format!("{TRUSTED_CA_DIR}/ca.pem")));
     }
     out
 }

@@ -234,7 +234,7 @@ pub(crate) fn mount(name: &str, path: &str, read_only: bool) -> VolumeMount {
     }
 }
 
-fn plain_env(name: &str, value: &str) -> EnvVar {
+pub(crate) fn plain_env(name: &str, value: &str) -> EnvVar {
     EnvVar { name: name.into(), value: Some(value.into()), value_from: None }
 }
 
