@@ -1,12 +1,13 @@
 //! The gateway's lifecycle: budget block and resume, restart on the same data dir, a locked data
-//! dir, config hot reload, and bad input and upstream failures in the provider's error shape.
+//! dir, config hot reload (an API key rotation too), and bad input and upstream failures in the provider's error shape.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod gateway_support;
 
 use std::time::Duration;
 
-use gateway_support::{FakeUpstream, Harness, Reply, args, write_config};
+use axum::http::header;
+use gateway_support::{API_KEY, FakeUpstream, Harness, Reply, args, write_config};
 use serde_json::{Value, json};
 use strata_api::agent::Provider;
 use strata_core::entry::{Content, EntryDraft, EntryKind, RetentionClass, Role};
@@ -193,6 +194,48 @@ async fn policy_and_prefix_changes_are_hot_reloaded() {
     tokio::time::sleep(Duration::from_millis(1_500)).await;
     let (status, _) = gateway.post_json(CHAT, &user("three"), &session).await;
     assert_eq!(status, 200, "a broken file keeps the previous config in force");
+}
+
+/// The kubelet updates a mounted Secret by swapping a new file in; the gateway.json that names it
+/// does not change.
+#[tokio::test]
+async fn a_rotated_api_key_is_sent_without_a_restart() {
+    let fake = FakeUpstream::start().await;
+    let gateway = Harness::start(&fake, Provider::OpenAI, |_| {}).await;
+    let session = [("x-strata-session", "main")];
+    let authorization = |fake: &FakeUpstream| {
+        let last = fake.seen().pop().expect("the upstream was called");
+        last.headers[header::AUTHORIZATION].to_str().unwrap().to_owned()
+    };
+    gateway.post_json(CHAT, &user("one"), &session).await;
+    assert_eq!(authorization(&fake), format!("Bearer {API_KEY}"));
+
+    let key_file = gateway.dir.path().join("api-key");
+    let swapped_in = gateway.dir.path().join("api-key.new");
+    std::fs::write(&swapped_in, "sk-rotated-key\n").unwrap();
+    std::fs::rename(&swapped_in, &key_file).unwrap();
+    let mut sent = String::new();
+    for turn in 0..50 {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        gateway.post_json(CHAT, &user(&format!("turn {turn}")), &session).await;
+        sent = authorization(&fake);
+        if sent != format!("Bearer {API_KEY}") {
+            break;
+        }
+    }
+    assert_eq!(sent, "Bearer sk-rotated-key", "the rotated key was not picked up");
+    let status = gateway.get_json("/strata/v1/status").await;
+    assert_eq!(status["config"], json!({"inForce": "file"}));
+
+    std::fs::remove_file(&key_file).unwrap();
+    tokio::time::sleep(Duration::from_millis(1_500)).await;
+    let status = gateway.get_json("/strata/v1/status").await;
+    assert_eq!(status["config"]["inForce"], "previous", "{status}");
+    let problem = status["config"]["error"].as_str().unwrap_or_default();
+    assert!(problem.contains("api-key"), "a vanished key file is reported: {problem}");
+    let (code, _) = gateway.post_json(CHAT, &user("after"), &session).await;
+    assert_eq!(code, 200, "the key in force keeps serving");
+    assert_eq!(authorization(&fake), "Bearer sk-rotated-key");
 }
 
 #[tokio::test]

@@ -2,7 +2,8 @@
 //! certificate from a private authority that the gateway is told to trust (`SSL_CERT_FILE`), HTTP/2
 //! when the upstream offers it, a certificate from an authority it does not trust refused with a 502
 //! that says what to do, and an egress proxy reached by a `CONNECT` tunnel that carries the proxy's
-//! credentials. The authorities and certificates are made at run time; no key is checked in.
+//! credentials, and the operator's egress files picked up again when they are rotated. The
+//! authorities and certificates are made at run time; no key is checked in.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod gateway_support;
@@ -242,6 +243,56 @@ async fn the_operators_egress_files_give_the_proxy_and_a_private_authority() {
         ]
     })
     .await;
+}
+
+/// A trusted-authorities ConfigMap updated in place (the kubelet swaps the new file in) is used for
+/// new connections within seconds, without a restart; a bundle that turns unusable is refused and
+/// the client built from the earlier one keeps serving.
+#[tokio::test]
+async fn a_rotated_trusted_authorities_file_is_used_without_a_restart() {
+    let dir = tempfile::tempdir().unwrap();
+    let retired = Authority::new("retired authority");
+    let bundle = retired.write_bundle(dir.path(), "ca.pem");
+    let current = Authority::new("current authority");
+    let fake = tls_upstream(&current).await;
+    let endpoint = format!("https://{}/v1", fake.address);
+    let env = [("STRATA_TRUSTED_CA_FILE", bundle.to_str().unwrap())];
+    let (gateway, client) = gateway(dir.path(), &fake, endpoint, &env).await;
+    let (status, answer) = chat(&client, &gateway, "before the rotation").await;
+    assert_eq!(status, 502, "the upstream's authority is not trusted yet: {answer}");
+
+    let swap_in = |text: &str| {
+        let fresh = dir.path().join("ca.pem.new");
+        std::fs::write(&fresh, text).unwrap();
+        std::fs::rename(&fresh, &bundle).unwrap();
+    };
+    swap_in(&current.pem);
+    let mut status = 0;
+    for attempt in 0..50 {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        (status, _) = chat(&client, &gateway, &format!("after the rotation {attempt}")).await;
+        if status == 200 {
+            break;
+        }
+    }
+    assert_eq!(status, 200, "the rotated bundle was not picked up");
+    assert_eq!(rejected(&client, &gateway).await, 0.0);
+
+    swap_in("not a certificate\n");
+    tokio::time::sleep(Duration::from_millis(2_500)).await;
+    assert_eq!(rejected(&client, &gateway).await, 1.0, "an unusable bundle is counted");
+    let (status, answer) = chat(&client, &gateway, "with the earlier client").await;
+    assert_eq!(status, 200, "the client built from the earlier bundle keeps serving: {answer}");
+}
+
+/// `strata_gateway_egress_rejected` as the gateway's metrics endpoint reports it.
+async fn rejected(client: &reqwest::Client, gateway: &GatewayProcess) -> f64 {
+    let url = format!("http://{}/metrics", gateway.metrics_address);
+    let text = client.get(url).send().await.unwrap().text().await.unwrap();
+    text.lines()
+        .find_map(|line| line.strip_prefix("strata_gateway_egress_rejected "))
+        .and_then(|value| value.trim().parse().ok())
+        .expect("the metric is exported")
 }
 
 /// A trusted-authorities file that holds no certificate stops the gateway at startup, with the

@@ -390,6 +390,21 @@ fn modified(path: &Path) -> Option<SystemTime> {
     std::fs::metadata(path).and_then(|meta| meta.modified()).ok()
 }
 
+/// When the upstream API key file of `settings` was last changed, if it names one.
+fn api_key_modified(settings: &Settings) -> Option<SystemTime> {
+    settings.config.upstream.api_key_file.as_deref().and_then(|file| modified(Path::new(file)))
+}
+
+/// Whether the upstream API key file of `settings` now holds another key than the one in force
+/// (an unreadable file counts, so the reload reports it).
+fn api_key_rotated(settings: &Settings) -> bool {
+    let Some(file) = &settings.config.upstream.api_key_file else { return false };
+    match std::fs::read_to_string(file) {
+        Ok(key) => Some(key.trim()) != settings.api_key.as_deref(),
+        Err(_) => true,
+    }
+}
+
 /// What a config reload reports to: the live settings, the saved last good copy and the metrics.
 #[derive(Clone, Debug)]
 pub struct ReloadTargets {
@@ -404,24 +419,35 @@ pub struct ReloadTargets {
 }
 
 /// Polls `path` and swaps in the new settings whenever the file changes and loads (saving it as
-/// the last good copy); an unusable file is logged, reported in the status and metrics, and the
-/// config in force stays.
+/// the last good copy), or when the upstream API key in the file it names changes (a rotated
+/// Secret, which the kubelet swaps in place); an unusable file is logged, reported in the status
+/// and metrics, and the config in force stays.
 pub async fn watch(path: PathBuf, targets: ReloadTargets) {
     let mut last_seen = modified(&path);
+    let mut last_key_seen = api_key_modified(&targets.live.get());
     let mut last_bytes = std::fs::read(&path).ok();
     let mut ticker = tokio::time::interval(RELOAD_POLL_INTERVAL);
     loop {
         ticker.tick().await;
         let now = modified(&path);
-        if now == last_seen {
+        let in_force = targets.live.get();
+        let key_now = api_key_modified(&in_force);
+        if now == last_seen && key_now == last_key_seen {
             continue;
         }
-        last_seen = now;
+        let key_touched = key_now != last_key_seen;
+        (last_seen, last_key_seen) = (now, key_now);
         let bytes = std::fs::read(&path).ok();
-        if bytes == last_bytes {
+        let key_rotated = key_touched && api_key_rotated(&in_force);
+        if bytes == last_bytes && !key_rotated {
             continue;
         }
         last_bytes = bytes;
+        if key_rotated {
+            tracing::info!(
+                "the upstream API key file changed; reloading the gateway config with the new key"
+            );
+        }
         match Settings::load_with_bytes(&path) {
             Ok((settings, bytes)) => {
                 tracing::info!(path = %path.display(), "gateway config reloaded");

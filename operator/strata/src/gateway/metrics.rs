@@ -96,6 +96,9 @@ pub struct Metrics {
     pub config_rejected: IntGauge,
     /// 1 while the last good config saved on the volume is in force (gateway.json was unusable at start).
     pub config_from_last_good: IntGauge,
+    /// 1 while the egress files (proxy URL, trusted authorities) changed into something unusable
+    /// and the client built from the earlier ones is in force.
+    pub egress_rejected: IntGauge,
     /// Time the gateway adds to a request (excluding upstream time), seconds.
     pub added_overhead: Histogram,
     /// Time spent waiting for the upstream, seconds.
@@ -344,6 +347,11 @@ impl Metrics {
                 &registry,
                 "strata_gateway_config_rejected",
                 "1 while gateway.json on disk cannot be used and an older config (or none) is in force",
+            )?,
+            egress_rejected: gauge(
+                &registry,
+                "strata_gateway_egress_rejected",
+                "1 while the egress proxy or trusted-authorities file changed into something unusable and the upstream client built from the earlier files is in force",
             )?,
             config_from_last_good: gauge(
                 &registry,

@@ -3,9 +3,11 @@
 //! model its memory tools.
 
 mod anthropic;
+mod body_buffer;
 mod compactor;
 pub mod config;
 pub(crate) mod connector;
+mod egress;
 mod engine_host;
 mod errors;
 mod inspect;
@@ -348,14 +350,15 @@ fn assemble(
         pending: pending::PendingOperations::new(args.max_held_bytes, held_state),
         inspect: inspect::InspectLog::default(),
         max_body_bytes: args.max_body_bytes,
+        body_buffers: body_buffer::BodyBuffers::default(),
         responses: response_cache::ResponseCache::default(),
         messages: Default::default(),
         volume: Arc::new(volume::VolumeUsage::default()),
     }))
 }
 
-/// Start the config watch, the proposal watch, the artifact sweeper, volume measurement and the
-/// status reporter.
+/// Start the config watch, the proposal watch, the egress watch, the artifact sweeper, volume
+/// measurement and the status reporter.
 fn spawn_background(
     args: &GatewayArgs,
     gateway: &Arc<pipeline::Gateway>,
@@ -371,6 +374,7 @@ fn spawn_background(
     let mut tasks = vec![
         tokio::spawn(config::watch(args.config.clone(), targets)),
         tokio::spawn(proposals::watch(Arc::clone(gateway))),
+        tokio::spawn(egress::watch(Arc::clone(gateway))),
         tokio::spawn(sweeper::run(Arc::clone(gateway))),
         tokio::spawn(volume::measure(
             args.data_dir.clone(),

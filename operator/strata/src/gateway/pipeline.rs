@@ -74,6 +74,8 @@ pub struct Gateway {
     pub inspect: InspectLog,
     /// Largest accepted request body.
     pub max_body_bytes: usize,
+    /// The large request-body buffer kept between requests.
+    pub body_buffers: super::body_buffer::BodyBuffers,
     /// Answers of tool-less transparent requests, when the policy enables the response cache.
     pub responses: ResponseCache,
     /// The last transparent request's messages, so the history a client resends is not parsed
@@ -801,19 +803,19 @@ pub async fn chat(
     gateway: Arc<Gateway>,
     api: Api,
     headers: HeaderMap,
-    body: Bytes,
+    body: &Bytes,
 ) -> Result<Response, GatewayError> {
     let settings = gateway.live.get();
     let ttl = response_cache_ttl(&settings);
     let cache_key = (!ttl.is_zero() && !headers.contains_key(SESSION_HEADER))
-        .then(|| response_cache::key(api, &settings.cache_key, &body));
+        .then(|| response_cache::key(api, &settings.cache_key, body));
     if let Some(key) = &cache_key
         && let Some(answer) = gateway.responses.get(key, ttl)
     {
         gateway.metrics.response_cache_hits.inc();
         return Ok(cached_response(answer));
     }
-    let mut prepared = prepare(&gateway, api, &headers, &body).await?;
+    let mut prepared = prepare(&gateway, api, &headers, body).await?;
     if prepared.request.tools.is_empty() {
         prepared.cache_key = cache_key;
     }

@@ -145,8 +145,9 @@ async fn read_body(
         return Err(GatewayError::PayloadTooLarge { limit });
     }
     // Sized once from the declared length: growing by doubling copied a 1.4 MB body about twice
-    // more, each time into freshly faulted pages.
-    let mut bytes = bytes::BytesMut::with_capacity(declared.unwrap_or(0).min(limit));
+    // more, each time into freshly faulted pages. A large one goes into the buffer the last large
+    // body left (see `serve_chat`).
+    let mut bytes = gateway.body_buffers.take(declared.unwrap_or(0).min(limit));
     while let Some(chunk) = stream.next().await {
         let chunk =
             chunk.map_err(|error| GatewayError::BadRequest(format!("reading the request body: {error}")))?;
@@ -186,7 +187,9 @@ async fn serve_chat(gateway: Arc<Gateway>, api: Api, request: Request) -> Respon
         Ok(read) => read,
         Err(error) => return error.into_response_for(api),
     };
-    match chat(gateway, api, headers, body).await {
+    let answered = chat(Arc::clone(&gateway), api, headers, &body).await;
+    gateway.body_buffers.give_back(body, gateway.max_body_bytes);
+    match answered {
         Ok(response) => response,
         Err(error) => error.into_response_for(api),
     }
@@ -344,7 +347,7 @@ async fn resume(State(gateway): State<Arc<Gateway>>, Path(id): Path<String>) -> 
     if let Err(error) = gateway.with_engine(move |engine| engine.refresh(&settings.session, true)).await {
         return error.into_response_for(pending.api);
     }
-    match chat(Arc::clone(&gateway), pending.api, pending.headers, pending.body).await {
+    match chat(Arc::clone(&gateway), pending.api, pending.headers, &pending.body).await {
         Ok(response) => response,
         Err(error) => error.into_response_for(pending.api),
     }

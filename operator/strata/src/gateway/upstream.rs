@@ -6,7 +6,7 @@
 
 use std::collections::HashMap;
 use std::convert::Infallible;
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Mutex, PoisonError, RwLock};
 use std::time::Duration;
 
 use axum::http::{HeaderMap, HeaderValue, Method, Request, StatusCode, Uri, header};
@@ -155,11 +155,10 @@ fn read_wait(read_timeout: Duration, deadline: Option<Instant>) -> Duration {
 }
 
 /// The upstream client, shared by all requests.
-#[derive(Clone)]
 pub struct Upstream {
-    client: Client<UpstreamConnector, UpstreamBody>,
-    /// The TCP side of the client's connector: which requests go through a proxy.
-    proxied: ProxiedConnector,
+    /// The client in force, replaced whole when the egress files change.
+    transport: RwLock<Arc<Transport>>,
+    idle_timeout: Duration,
     read_timeout: Duration,
     max_response_bytes: usize,
     /// Upstream URLs by their text, parsed once.
@@ -173,6 +172,20 @@ impl std::fmt::Debug for Upstream {
             .field("read_timeout", &self.read_timeout)
             .field("max_response_bytes", &self.max_response_bytes)
             .finish_non_exhaustive()
+    }
+}
+
+/// A pooled client and the proxy settings its connector was built with.
+struct Transport {
+    client: Client<UpstreamConnector, UpstreamBody>,
+    /// The TCP side of the client's connector: which requests go through a proxy.
+    proxied: ProxiedConnector,
+}
+
+impl Transport {
+    fn new(idle_timeout: Duration) -> Result<Self, String> {
+        let (client, proxied) = pooled_client(idle_timeout)?;
+        Ok(Self { client, proxied })
     }
 }
 
@@ -203,8 +216,27 @@ impl Upstream {
         max_response_bytes: usize,
         idle_timeout: Duration,
     ) -> Result<Self, ClientError> {
-        let (client, proxied) = pooled_client(idle_timeout).map_err(|reason| ClientError { reason })?;
-        Ok(Self { client, proxied, read_timeout, max_response_bytes, parsed_urls: Arc::default() })
+        let transport = Transport::new(idle_timeout).map_err(|reason| ClientError { reason })?;
+        Ok(Self {
+            transport: RwLock::new(Arc::new(transport)),
+            idle_timeout,
+            read_timeout,
+            max_response_bytes,
+            parsed_urls: Arc::default(),
+        })
+    }
+
+    /// Builds the client again from the egress files (the proxy's URL and the trusted
+    /// authorities) and puts it in force; calls under way finish on the old one. On an error the
+    /// client in force stays.
+    pub fn reload_egress(&self) -> Result<(), ClientError> {
+        let transport = Transport::new(self.idle_timeout).map_err(|reason| ClientError { reason })?;
+        *self.transport.write().unwrap_or_else(PoisonError::into_inner) = Arc::new(transport);
+        Ok(())
+    }
+
+    fn transport(&self) -> Arc<Transport> {
+        Arc::clone(&self.transport.read().unwrap_or_else(PoisonError::into_inner))
     }
 
     /// The request to `url` with the forwarded client headers and the provider's credentials.
@@ -232,9 +264,6 @@ impl Upstream {
         adapter_for(settings.provider())
             .authenticate(&mut headers, settings.api_key.as_deref(), client_sent_version)
             .map_err(|reason| GatewayError::UpstreamUnreachable { url: url.to_owned(), reason })?;
-        if let Some(credentials) = self.proxied.proxy_authorization(&uri) {
-            headers.insert(header::PROXY_AUTHORIZATION, credentials);
-        }
         let mut request = Request::new(body);
         *request.method_mut() = method;
         *request.uri_mut() = uri;
@@ -277,11 +306,17 @@ impl Upstream {
     ) -> Result<UpstreamResponse, GatewayError> {
         let timeout_seconds = settings.config.upstream.timeout_seconds;
         let timed_out = || GatewayError::UpstreamTimeout { url: url.to_owned(), seconds: timeout_seconds };
+        let transport = self.transport();
         let mut attempt = 1;
         loop {
             let wait = read_wait(self.read_timeout, deadline);
-            let sent =
-                tokio::time::timeout(wait, self.client.request(build()?)).await.map_err(|_| timed_out())?;
+            let mut request = build()?;
+            if let Some(credentials) = transport.proxied.proxy_authorization(request.uri()) {
+                request.headers_mut().insert(header::PROXY_AUTHORIZATION, credentials);
+            }
+            let sent = tokio::time::timeout(wait, transport.client.request(request))
+                .await
+                .map_err(|_| timed_out())?;
             match sent {
                 Ok(response) => {
                     let response = UpstreamResponse {

@@ -1,0 +1,98 @@
+//! One large request-body buffer kept from one request to the next, so a transparent client's
+//! whole history (about 1.4 MB at a 200k-token journal) is not read into freshly faulted pages on
+//! every call.
+//!
+//! The shipped allocator setting (`dirty_decay_ms:0`) gives freed pages back to the system at
+//! once, which keeps the sidecar's memory low but makes every large buffer cost its page faults
+//! again, and its release a `madvise` with a TLB flush across the CPUs.
+
+use std::sync::{Mutex, PoisonError};
+
+use bytes::{Bytes, BytesMut};
+
+/// Bodies shorter than this are read into a fresh buffer and not kept: they come from the
+/// allocator's small size classes, whose pages stay mapped.
+pub const KEPT_FROM_BYTES: usize = 64 * 1024;
+
+/// The spare buffer, empty between requests.
+#[derive(Debug, Default)]
+pub struct BodyBuffers {
+    spare: Mutex<Option<BytesMut>>,
+}
+
+impl BodyBuffers {
+    /// An empty buffer with room for `length` bytes: the spare one when `length` is large and it
+    /// is big enough, else a new one. A new large buffer gets an eighth more room, since a client
+    /// that resends its history sends a little more each time.
+    pub fn take(&self, length: usize) -> BytesMut {
+        if length < KEPT_FROM_BYTES {
+            return BytesMut::with_capacity(length);
+        }
+        let spare = self.spare.lock().unwrap_or_else(PoisonError::into_inner).take();
+        match spare {
+            Some(buffer) if buffer.capacity() >= length => buffer,
+            _ => BytesMut::with_capacity(length.saturating_add(length / 8)),
+        }
+    }
+
+    /// Keeps `body`'s buffer for the next request, if it is large and nothing else holds it (a
+    /// blocked request's copy, for one). `limit` bounds what is kept: the largest body accepted,
+    /// with the room [`Self::take`] adds.
+    pub fn give_back(&self, body: Bytes, limit: usize) {
+        if body.len() < KEPT_FROM_BYTES {
+            return;
+        }
+        let Ok(mut buffer) = body.try_into_mut() else { return };
+        buffer.clear();
+        if buffer.capacity() > limit.saturating_add(limit / 8) {
+            return;
+        }
+        *self.spare.lock().unwrap_or_else(PoisonError::into_inner) = Some(buffer);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    fn filled(buffers: &BodyBuffers, length: usize) -> Bytes {
+        let mut buffer = buffers.take(length);
+        buffer.extend_from_slice(&vec![b'x'; length]);
+        buffer.freeze()
+    }
+
+    #[test]
+    fn a_large_body_is_read_into_the_buffer_the_last_one_left() {
+        let buffers = BodyBuffers::default();
+        let first = filled(&buffers, 1_000_000);
+        let address = first.as_ptr();
+        buffers.give_back(first, 8 << 20);
+        let next = buffers.take(1_050_000);
+        assert_eq!(next.as_ptr(), address, "the spare buffer is reused");
+        assert!(next.is_empty());
+        assert!(buffers.take(1_000_000).as_ptr() != address, "and taken once");
+    }
+
+    #[test]
+    fn small_shared_oversized_or_outgrown_buffers_are_not_kept() {
+        let buffers = BodyBuffers::default();
+        buffers.give_back(filled(&buffers, 1_000), 8 << 20);
+        assert!(buffers.spare.lock().unwrap().is_none(), "a small body");
+
+        let shared = filled(&buffers, 100_000);
+        let held = shared.clone();
+        buffers.give_back(shared, 8 << 20);
+        assert!(buffers.spare.lock().unwrap().is_none(), "a body another holder still reads");
+        drop(held);
+
+        buffers.give_back(filled(&buffers, 100_000), 50_000);
+        assert!(buffers.spare.lock().unwrap().is_none(), "a buffer over the limit");
+
+        let small = filled(&buffers, 100_000);
+        let address = small.as_ptr();
+        buffers.give_back(small, 8 << 20);
+        assert!(buffers.take(200_000).as_ptr() != address, "a spare too small for the body is dropped");
+        assert!(buffers.spare.lock().unwrap().is_none());
+    }
+}

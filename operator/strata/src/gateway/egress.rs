@@ -1,0 +1,68 @@
+//! Polls the egress files (the proxy's URL, the trusted authorities) and rebuilds the upstream
+//! client when the kubelet swaps in a rotated Secret or ConfigMap.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::SystemTime;
+
+use super::config::RELOAD_POLL_INTERVAL;
+use super::connector::{PROXY_URL_FILE_ENV, TRUSTED_CA_FILE_ENV};
+use super::pipeline::Gateway;
+
+/// What was last seen of each egress file: its path, modification time and bytes.
+#[derive(PartialEq, Eq)]
+struct Seen {
+    path: PathBuf,
+    modified: Option<SystemTime>,
+    bytes: Option<Vec<u8>>,
+}
+
+impl Seen {
+    fn of(path: PathBuf, previous: Option<&Seen>) -> Self {
+        let modified = std::fs::metadata(&path).and_then(|meta| meta.modified()).ok();
+        let bytes = match previous {
+            Some(seen) if seen.path == path && seen.modified == modified => seen.bytes.clone(),
+            _ => std::fs::read(&path).ok(),
+        };
+        Self { path, modified, bytes }
+    }
+}
+
+/// The egress files the environment names.
+fn egress_files() -> Vec<PathBuf> {
+    [PROXY_URL_FILE_ENV, TRUSTED_CA_FILE_ENV]
+        .into_iter()
+        .filter_map(|name| std::env::var_os(name).map(PathBuf::from))
+        .collect()
+}
+
+/// Rebuilds `gateway`'s upstream client whenever an egress file's bytes change. A file that
+/// changed into something unusable is logged and counted in `strata_gateway_egress_rejected`, and
+/// the client built from the earlier files stays in force. Returns at once when no file is named.
+pub async fn watch(gateway: Arc<Gateway>) {
+    let files = egress_files();
+    if files.is_empty() {
+        return;
+    }
+    let mut seen: Vec<Seen> = files.iter().map(|path| Seen::of(path.clone(), None)).collect();
+    let mut ticker = tokio::time::interval(RELOAD_POLL_INTERVAL);
+    loop {
+        ticker.tick().await;
+        let now: Vec<Seen> =
+            files.iter().zip(&seen).map(|(path, before)| Seen::of(path.clone(), Some(before))).collect();
+        if now == seen {
+            continue;
+        }
+        seen = now;
+        match gateway.upstream.reload_egress() {
+            Ok(()) => {
+                tracing::info!("the egress files changed; new upstream connections use them");
+                gateway.metrics.egress_rejected.set(0);
+            }
+            Err(error) => {
+                tracing::error!(%error, "the egress files changed into something unusable; the upstream client built from the earlier files stays in force. Fix the Secret or ConfigMap; it is picked up within a second of the next change");
+                gateway.metrics.egress_rejected.set(1);
+            }
+        }
+    }
+}
