@@ -14,6 +14,10 @@ use bytes::{Bytes, BytesMut};
 /// allocator's small size classes, whose pages stay mapped.
 pub const KEPT_FROM_BYTES: usize = 64 * 1024;
 
+/// The largest buffer kept: a body of a million-token history (about 7 MB) still fits, while one
+/// odd request near the body limit (32 MiB by default) is not held for the sidecar's lifetime.
+pub const KEPT_UP_TO_BYTES: usize = 8 * 1024 * 1024;
+
 /// The spare buffer, empty between requests.
 #[derive(Debug, Default)]
 pub struct BodyBuffers {
@@ -35,18 +39,17 @@ impl BodyBuffers {
         }
     }
 
-    /// Keeps `body`'s buffer for the next request, if it is large and nothing else holds it (a
-    /// blocked request's copy, for one). `limit` bounds what is kept: the largest body accepted,
-    /// with the room [`Self::take`] adds.
-    pub fn give_back(&self, body: Bytes, limit: usize) {
+    /// Keeps `body`'s buffer for the next request, if it is large, at most
+    /// [`KEPT_UP_TO_BYTES`], and nothing else holds it (a blocked request's copy, for one).
+    pub fn give_back(&self, body: Bytes) {
         if body.len() < KEPT_FROM_BYTES {
             return;
         }
         let Ok(mut buffer) = body.try_into_mut() else { return };
-        buffer.clear();
-        if buffer.capacity() > limit.saturating_add(limit / 8) {
+        if buffer.capacity() > KEPT_UP_TO_BYTES {
             return;
         }
+        buffer.clear();
         *self.spare.lock().unwrap_or_else(PoisonError::into_inner) = Some(buffer);
     }
 }
@@ -67,7 +70,7 @@ mod tests {
         let buffers = BodyBuffers::default();
         let first = filled(&buffers, 1_000_000);
         let address = first.as_ptr();
-        buffers.give_back(first, 8 << 20);
+        buffers.give_back(first);
         let next = buffers.take(1_050_000);
         assert_eq!(next.as_ptr(), address, "the spare buffer is reused");
         assert!(next.is_empty());
@@ -77,21 +80,21 @@ mod tests {
     #[test]
     fn small_shared_oversized_or_outgrown_buffers_are_not_kept() {
         let buffers = BodyBuffers::default();
-        buffers.give_back(filled(&buffers, 1_000), 8 << 20);
+        buffers.give_back(filled(&buffers, 1_000));
         assert!(buffers.spare.lock().unwrap().is_none(), "a small body");
 
         let shared = filled(&buffers, 100_000);
         let held = shared.clone();
-        buffers.give_back(shared, 8 << 20);
+        buffers.give_back(shared);
         assert!(buffers.spare.lock().unwrap().is_none(), "a body another holder still reads");
         drop(held);
 
-        buffers.give_back(filled(&buffers, 100_000), 50_000);
+        buffers.give_back(filled(&buffers, KEPT_UP_TO_BYTES));
         assert!(buffers.spare.lock().unwrap().is_none(), "a buffer over the limit");
 
         let small = filled(&buffers, 100_000);
         let address = small.as_ptr();
-        buffers.give_back(small, 8 << 20);
+        buffers.give_back(small);
         assert!(buffers.take(200_000).as_ptr() != address, "a spare too small for the body is dropped");
         assert!(buffers.spare.lock().unwrap().is_none());
     }

@@ -139,6 +139,8 @@ async fn read_body(
         .and_then(|value| value.to_str().ok())
         .and_then(|value| value.parse::<usize>().ok());
     let (parts, body) = request.into_parts();
+    let headers = owned_headers(&parts.headers);
+    drop(parts);
     let mut stream = body.into_data_stream();
     if declared.is_some_and(|length| length > limit) {
         drain(stream).await;
@@ -157,7 +159,22 @@ async fn read_body(
         }
         bytes.extend_from_slice(&chunk);
     }
-    Ok((parts.headers, bytes.freeze()))
+    Ok((headers, bytes.freeze()))
+}
+
+/// `headers` with every value copied out of the request head's buffer.
+///
+/// hyper's header values are slices of the buffer it read the head into, which it goes on reading
+/// the body into: while any slice lives, the buffer is shared, and hyper reads each further part
+/// of a large body into a newly allocated, freshly faulted buffer instead of reusing it.
+fn owned_headers(headers: &axum::http::HeaderMap) -> axum::http::HeaderMap {
+    let mut owned = axum::http::HeaderMap::with_capacity(headers.len());
+    for (name, value) in headers {
+        let mut copy = HeaderValue::from_bytes(value.as_bytes()).unwrap_or_else(|_| value.clone());
+        copy.set_sensitive(value.is_sensitive());
+        owned.append(name.clone(), copy);
+    }
+    owned
 }
 
 /// Bytes of a refused body read and discarded before the refusal is sent, at most.
@@ -188,7 +205,7 @@ async fn serve_chat(gateway: Arc<Gateway>, api: Api, request: Request) -> Respon
         Err(error) => return error.into_response_for(api),
     };
     let answered = chat(Arc::clone(&gateway), api, headers, &body).await;
-    gateway.body_buffers.give_back(body, gateway.max_body_bytes);
+    gateway.body_buffers.give_back(body);
     match answered {
         Ok(response) => response,
         Err(error) => error.into_response_for(api),
@@ -420,5 +437,34 @@ async fn compact(State(gateway): State<Arc<Gateway>>, request: Request) -> Respo
             &json!({"error": {"type": "compaction_failed", "message": error.to_string()}}),
         ),
         Err(error) => error.into_response_for(api),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    #[test]
+    fn owned_headers_keep_every_value_in_buffers_of_their_own() {
+        let head = bytes::Bytes::from_static(b"Bearer sk-key\x00application/json\x00a\x00b");
+        let shared =
+            |range: std::ops::Range<usize>| HeaderValue::from_maybe_shared(head.slice(range)).unwrap();
+        let mut headers = axum::http::HeaderMap::new();
+        let mut key = shared(0..13);
+        key.set_sensitive(true);
+        headers.insert(header::AUTHORIZATION, key);
+        headers.insert(header::CONTENT_TYPE, shared(14..30));
+        headers.append("x-many", shared(31..32));
+        headers.append("x-many", shared(33..34));
+
+        let owned = owned_headers(&headers);
+        assert_eq!(owned, headers);
+        assert!(owned[header::AUTHORIZATION].is_sensitive(), "a key stays out of logs");
+        let many: Vec<&HeaderValue> = owned.get_all("x-many").iter().collect();
+        assert_eq!(many, [&HeaderValue::from_static("a"), &HeaderValue::from_static("b")]);
+        let in_head = |value: &HeaderValue| head.as_ptr_range().contains(&value.as_bytes().as_ptr());
+        assert!(headers.values().all(in_head), "the fixture shares the head");
+        assert!(!owned.values().any(in_head), "no value still points into the head's buffer");
     }
 }
