@@ -1,7 +1,8 @@
 //! A bad hand-edited gateway.json never stops the gateway: at start it serves with the last good
 //! config saved on the volume and says so (status, metrics), or, with none saved, stays up but not
 //! ready (`/readyz` 503 naming the file and its error; provider requests 503 in their provider's
-//! shape) and starts serving, without a restart, once the file is fixed.
+//! shape) and starts serving, without a restart, once the file is fixed (or the API key file it
+//! names appears).
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod gateway_support;
@@ -133,5 +134,36 @@ async fn a_bad_file_with_nothing_saved_waits_not_ready_and_starts_once_fixed() {
     let status: Value = client.get(url("/strata/v1/status")).send().await.unwrap().json().await.unwrap();
     assert_eq!(status["config"]["inForce"], "file");
     assert!(data_dir.join("gateway/last-good-config.json").exists(), "the fixed file is saved");
+    running.shutdown().await;
+}
+
+/// A config whose API key file is missing at start (a Secret not mounted yet) waits not ready, and
+/// starts once the key file appears, with gateway.json itself unchanged.
+#[tokio::test]
+async fn a_missing_key_file_at_start_waits_not_ready_and_starts_once_it_appears() {
+    let fake = FakeUpstream::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let config_path = dir.path().join("gateway.json");
+    let data_dir = dir.path().join("data");
+    let mut waiting = config(&fake, Provider::OpenAI, dir.path());
+    let key_file = dir.path().join("mounted-later/api-key");
+    waiting.upstream.api_key_file = Some(key_file.display().to_string());
+    write_config(&config_path, &waiting);
+    let running = strata::gateway::start(&args(&config_path, &data_dir)).await.expect("starts anyway");
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let client = reqwest::Client::new();
+    let url = |path: &str| format!("http://{}{path}", running.address);
+    let (ready, why) = get(&client, url("/readyz")).await;
+    assert_eq!(ready, 503);
+    assert!(why.contains("mounted-later"), "the key file is named: {why}");
+
+    std::fs::create_dir_all(key_file.parent().unwrap()).unwrap();
+    std::fs::write(&key_file, "sk-mounted-late\n").unwrap();
+    let (ready, body) = until_status(&client, &url("/readyz"), 200).await;
+    assert_eq!(ready, 200, "{body}");
+    let response = client.post(url(CHAT)).json(&user("hi")).send().await.unwrap();
+    assert_eq!(response.status().as_u16(), 200);
+    let sent = fake.seen().pop().unwrap();
+    assert_eq!(sent.headers["authorization"], "Bearer sk-mounted-late");
     running.shutdown().await;
 }

@@ -390,6 +390,22 @@ fn modified(path: &Path) -> Option<SystemTime> {
     std::fs::metadata(path).and_then(|meta| meta.modified()).ok()
 }
 
+/// Derives the config in force again, so that it sends the key its key file holds now: a key
+/// rotated while gateway.json on disk cannot be used still reaches the upstream before the provider
+/// revokes the old one.
+fn rotate_key_in_force(live: &LiveSettings, path: &Path) {
+    let in_force = live.get();
+    match Settings::from_config(in_force.config.clone(), path) {
+        Ok(settings) => {
+            tracing::info!("the config in force sends the rotated upstream API key");
+            live.replace(settings);
+        }
+        Err(error) => {
+            tracing::error!(%error, "the rotated upstream API key cannot be used; the key in force stays")
+        }
+    }
+}
+
 /// When the upstream API key file of `settings` was last changed, if it names one.
 fn api_key_modified(settings: &Settings) -> Option<SystemTime> {
     settings.config.upstream.api_key_file.as_deref().and_then(|file| modified(Path::new(file)))
@@ -421,11 +437,13 @@ pub struct ReloadTargets {
 /// Polls `path` and swaps in the new settings whenever the file changes and loads (saving it as
 /// the last good copy), or when the upstream API key in the file it names changes (a rotated
 /// Secret, which the kubelet swaps in place); an unusable file is logged, reported in the status
-/// and metrics, and the config in force stays.
-pub async fn watch(path: PathBuf, targets: ReloadTargets) {
-    let mut last_seen = modified(&path);
-    let mut last_key_seen = api_key_modified(&targets.live.get());
-    let mut last_bytes = std::fs::read(&path).ok();
+/// and metrics, and the config in force stays. `loaded` is the file the settings in force came
+/// from, if they came from it.
+pub async fn watch(path: PathBuf, targets: ReloadTargets, loaded: Option<Vec<u8>>) {
+    // The first tick compares the files with what the settings in force were loaded from (their
+    // modification times are not known yet), so a change made while the gateway started is seen.
+    let (mut last_seen, mut last_key_seen, mut first_tick) = (None, None, true);
+    let mut last_bytes = loaded.or_else(|| std::fs::read(&path).ok());
     let mut ticker = tokio::time::interval(RELOAD_POLL_INTERVAL);
     loop {
         ticker.tick().await;
@@ -438,15 +456,17 @@ pub async fn watch(path: PathBuf, targets: ReloadTargets) {
         let key_touched = key_now != last_key_seen;
         (last_seen, last_key_seen) = (now, key_now);
         let bytes = std::fs::read(&path).ok();
-        let key_rotated = key_touched && api_key_rotated(&in_force);
+        // A key file that changed is read again when it holds another key, and also when the last
+        // load failed: it may have been the key file that failed (unreadable for a moment).
+        let retry_failed = !first_tick && targets.live.problem().is_some();
+        first_tick = false;
+        let key_rotated = key_touched && (retry_failed || api_key_rotated(&in_force));
         if bytes == last_bytes && !key_rotated {
             continue;
         }
         last_bytes = bytes;
         if key_rotated {
-            tracing::info!(
-                "the upstream API key file changed; reloading the gateway config with the new key"
-            );
+            tracing::info!("the upstream API key file changed; loading the gateway config again");
         }
         match Settings::load_with_bytes(&path) {
             Ok((settings, bytes)) => {
@@ -465,6 +485,9 @@ pub async fn watch(path: PathBuf, targets: ReloadTargets) {
                 tracing::error!(%error, "gateway config change rejected; the config in force stays. Fix the file; it is loaded within a second of the next change");
                 targets.live.set_problem(Some(ConfigProblem { error: error.to_string(), in_force }));
                 targets.rejected.set(1);
+                if key_rotated {
+                    rotate_key_in_force(&targets.live, &path);
+                }
             }
         }
     }

@@ -130,11 +130,15 @@ impl ProxiedConnector {
             format!("reading the egress proxy's URL {} ({PROXY_URL_FILE_ENV}): {error}", path.display())
         })?;
         let no_proxy = ["NO_PROXY", "no_proxy"].into_iter().find_map(|name| std::env::var(name).ok());
-        let proxies =
-            proxy_matcher(url.trim(), no_proxy.as_deref().unwrap_or_default()).map_err(|error| {
-                format!("the egress proxy in {} ({PROXY_URL_FILE_ENV}): {error}", path.display())
-            })?;
-        Ok(Self::with_proxies(proxies))
+        Self::through(url.trim(), no_proxy.as_deref().unwrap_or_default()).map_err(|error| {
+            format!("the egress proxy in {} ({PROXY_URL_FILE_ENV}): {error}", path.display())
+        })
+    }
+
+    /// A connector that sends every request through the proxy at `url`, except to the hosts of
+    /// `no_proxy` (see [`proxy_matcher`]).
+    pub(crate) fn through(url: &str, no_proxy: &str) -> Result<Self, String> {
+        proxy_matcher(url, no_proxy).map(Self::with_proxies)
     }
 
     fn with_proxies(proxies: Matcher) -> Self {
@@ -268,16 +272,28 @@ where
     B: hyper::body::Body + Send,
     B::Data: Send,
 {
-    let _ = rustls::crypto::ring::default_provider().install_default();
     let proxied = ProxiedConnector::from_environment()?;
-    let connector = upstream_connector(proxied.clone())?;
+    Ok((pooled_client_through(proxied.clone(), idle_timeout)?, proxied))
+}
+
+/// [`pooled_client`] over `proxied`.
+pub(crate) fn pooled_client_through<B>(
+    proxied: ProxiedConnector,
+    idle_timeout: Duration,
+) -> Result<Client<UpstreamConnector, B>, String>
+where
+    B: hyper::body::Body + Send,
+    B::Data: Send,
+{
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let connector = upstream_connector(proxied)?;
     let client = Client::builder(TokioExecutor::new())
         .pool_max_idle_per_host(IDLE_CONNECTIONS_PER_HOST)
         .pool_idle_timeout(idle_timeout)
         .pool_timer(TokioTimer::new())
         .timer(TokioTimer::new())
         .build(connector);
-    Ok((client, proxied))
+    Ok(client)
 }
 
 /// Why a request to `peer` (for example "the upstream") failed: the error with every cause under

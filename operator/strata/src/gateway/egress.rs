@@ -8,9 +8,10 @@ use std::time::SystemTime;
 use super::config::RELOAD_POLL_INTERVAL;
 use super::connector::{PROXY_URL_FILE_ENV, TRUSTED_CA_FILE_ENV};
 use super::pipeline::Gateway;
+use super::upstream::ClientError;
 
-/// What was last seen of each egress file: its path, modification time and bytes.
-#[derive(PartialEq, Eq)]
+/// What was last seen of each egress file: its path, modification time and bytes. Two are equal
+/// when their bytes are: a file touched without a change keeps the client and its connections.
 struct Seen {
     path: PathBuf,
     modified: Option<SystemTime>,
@@ -25,6 +26,12 @@ impl Seen {
             _ => std::fs::read(&path).ok(),
         };
         Self { path, modified, bytes }
+    }
+}
+
+impl PartialEq for Seen {
+    fn eq(&self, other: &Self) -> bool {
+        self.bytes == other.bytes
     }
 }
 
@@ -54,7 +61,12 @@ pub async fn watch(gateway: Arc<Gateway>) {
             continue;
         }
         seen = now;
-        match gateway.upstream.reload_egress() {
+        // Building a client loads the system's trusted roots from disk: off the runtime's workers.
+        let rebuilding = Arc::clone(&gateway);
+        let rebuilt = tokio::task::spawn_blocking(move || rebuilding.upstream.reload_egress())
+            .await
+            .unwrap_or_else(|error| Err(ClientError::from_reason(format!("the rebuild stopped: {error}"))));
+        match rebuilt {
             Ok(()) => {
                 tracing::info!("the egress files changed; new upstream connections use them");
                 gateway.metrics.egress_rejected.set(0);

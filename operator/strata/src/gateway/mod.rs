@@ -238,7 +238,7 @@ pub async fn start_on(
                 unconfigured::Switch::new(server::router(Arc::clone(&gateway))),
                 unconfigured::Switch::new(server::metrics_router(Arc::clone(&gateway))),
             );
-            spawn_background(args, &gateway, last_good, &background);
+            spawn_background(args, &gateway, (last_good, Some(bytes)), &background);
             switches
         }
         config::Startup::LastGood { settings, error } => {
@@ -252,7 +252,7 @@ pub async fn start_on(
                 unconfigured::Switch::new(server::router(Arc::clone(&gateway))),
                 unconfigured::Switch::new(server::metrics_router(Arc::clone(&gateway))),
             );
-            spawn_background(args, &gateway, last_good, &background);
+            spawn_background(args, &gateway, (last_good, None), &background);
             switches
         }
         config::Startup::Unusable(error) => {
@@ -270,7 +270,7 @@ pub async fn start_on(
                         last_good.save(&bytes);
                         api.replace(server::router(Arc::clone(&gateway)));
                         metrics_port.replace(server::metrics_router(Arc::clone(&gateway)));
-                        spawn_background(&args, &gateway, last_good, &tasks);
+                        spawn_background(&args, &gateway, (last_good, Some(bytes)), &tasks);
                         tracing::info!("strata gateway ready");
                     }
                     Err(error) => {
@@ -358,11 +358,12 @@ fn assemble(
 }
 
 /// Start the config watch, the proposal watch, the egress watch, the artifact sweeper, volume
-/// measurement and the status reporter.
+/// measurement and the status reporter. `loaded` is the gateway.json the settings in force were
+/// loaded from (none for the last good copy).
 fn spawn_background(
     args: &GatewayArgs,
     gateway: &Arc<pipeline::Gateway>,
-    last_good: config::LastGood,
+    (last_good, loaded): (config::LastGood, Option<Vec<u8>>),
     background: &Background,
 ) {
     let targets = config::ReloadTargets {
@@ -372,7 +373,7 @@ fn spawn_background(
         from_last_good: gateway.metrics.config_from_last_good.clone(),
     };
     let mut tasks = vec![
-        tokio::spawn(config::watch(args.config.clone(), targets)),
+        tokio::spawn(config::watch(args.config.clone(), targets, loaded)),
         tokio::spawn(proposals::watch(Arc::clone(gateway))),
         tokio::spawn(egress::watch(Arc::clone(gateway))),
         tokio::spawn(sweeper::run(Arc::clone(gateway))),

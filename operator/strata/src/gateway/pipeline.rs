@@ -274,8 +274,10 @@ async fn prepare(
         TurnOutcome::Blocked(notice) => {
             gateway.engine.make_durable(turn_writes).await?;
             gateway.metrics.blocked_operations.inc();
-            if let Some(forgotten) =
-                gateway.pending.insert(operation_id.as_str(), api, headers.clone(), body.clone())
+            // A copy of its own, sized to the body: the body may sit in the larger buffer kept
+            // between requests (`body_buffer`), which the store would hold uncounted.
+            let held = Bytes::copy_from_slice(body);
+            if let Some(forgotten) = gateway.pending.insert(operation_id.as_str(), api, headers.clone(), held)
             {
                 tracing::warn!(operation = %operation_id, %forgotten, "blocked request not held");
             }

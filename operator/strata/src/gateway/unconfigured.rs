@@ -11,6 +11,7 @@ use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use serde_json::json;
+use strata_api::gateway_config::GatewayConfig;
 use strata_core::session::turn::Api;
 use tower::ServiceExt;
 
@@ -56,15 +57,15 @@ impl Waiting {
 
     /// Poll the file until it loads; returns its settings and bytes.
     pub async fn until_usable(&self) -> (Settings, Vec<u8>) {
-        let mut last_bytes = std::fs::read(&self.path).ok();
+        let mut last_seen = files_now(&self.path);
         let mut ticker = tokio::time::interval(RELOAD_POLL_INTERVAL);
         loop {
             ticker.tick().await;
-            let bytes = std::fs::read(&self.path).ok();
-            if bytes == last_bytes {
+            let seen = files_now(&self.path);
+            if seen == last_seen {
                 continue;
             }
-            last_bytes = bytes;
+            last_seen = seen;
             match Settings::load_with_bytes(&self.path) {
                 Ok(loaded) => {
                     tracing::info!(path = %self.path.display(), "gateway config is usable now; starting");
@@ -78,6 +79,18 @@ impl Waiting {
             }
         }
     }
+}
+
+/// The bytes of gateway.json at `path` and of the upstream API key file it names, if it parses:
+/// the config may be unusable because of either.
+fn files_now(path: &Path) -> (Option<Vec<u8>>, Option<Vec<u8>>) {
+    let config = std::fs::read(path).ok();
+    let key = config
+        .as_deref()
+        .and_then(|bytes| GatewayConfig::from_json(bytes).ok())
+        .and_then(|config| config.upstream.api_key_file)
+        .and_then(|file| std::fs::read(file).ok());
+    (config, key)
 }
 
 /// The API while waiting: health yes, ready no, provider requests 503 in their shape.

@@ -87,6 +87,13 @@ pub struct ClientError {
     reason: String,
 }
 
+impl ClientError {
+    /// An error with `reason`.
+    pub fn from_reason(reason: String) -> Self {
+        Self { reason }
+    }
+}
+
 /// The upstream's answer: its status and headers, and its body still to be read.
 pub struct UpstreamResponse {
     response: axum::http::Response<Incoming>,
@@ -547,6 +554,42 @@ mod tests {
         let (status, _, body) = upstream.get(&settings, "models", &HeaderMap::new()).await.unwrap();
         assert_eq!((status.as_u16(), &body[..]), (200, &b"{}"[..]));
         assert!(closed.await.unwrap(), "the idle connection was closed within 5 s");
+    }
+
+    /// The client in force decides the proxy and its credentials: a plain-HTTP upstream is asked in
+    /// absolute form through the proxy, with `Proxy-Authorization`.
+    #[tokio::test]
+    async fn a_plain_http_upstream_behind_a_proxy_is_asked_through_it_with_the_proxys_credentials() {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let proxy = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let proxy_address = proxy.local_addr().unwrap();
+        let head = tokio::spawn(async move {
+            let (mut stream, _) = proxy.accept().await.unwrap();
+            let (mut head, mut byte) = (Vec::new(), [0u8; 1]);
+            while !head.ends_with(b"\r\n\r\n") && stream.read(&mut byte).await.unwrap() == 1 {
+                head.push(byte[0]);
+            }
+            let answer = b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: 2\r\n\r\n{}";
+            stream.write_all(answer).await.unwrap();
+            String::from_utf8(head).unwrap().to_ascii_lowercase()
+        });
+        let proxied = ProxiedConnector::through(&format!("http://agent:s3cret@{proxy_address}"), "").unwrap();
+        let client = super::super::connector::pooled_client_through(proxied.clone(), IDLE_CONNECTION_TIMEOUT);
+        let upstream = Upstream {
+            transport: RwLock::new(Arc::new(Transport { client: client.unwrap(), proxied })),
+            idle_timeout: IDLE_CONNECTION_TIMEOUT,
+            read_timeout: Duration::from_secs(5),
+            max_response_bytes: DEFAULT_MAX_RESPONSE_BYTES,
+            parsed_urls: Arc::default(),
+        };
+        let dir = tempfile::tempdir().unwrap();
+        let settings = settings(dir.path(), "http://upstream.invalid:8080/v1");
+        let (status, _, body) = upstream.get(&settings, "models", &HeaderMap::new()).await.unwrap();
+        assert_eq!((status.as_u16(), &body[..]), (200, &b"{}"[..]));
+        let head = head.await.unwrap();
+        assert!(head.starts_with("get http://upstream.invalid:8080/v1/models http/1.1\r\n"), "{head}");
+        // base64("agent:s3cret")
+        assert!(head.contains("proxy-authorization: basic ywdlbnq6cznjcmv0\r\n"), "{head}");
     }
 
     #[tokio::test]
