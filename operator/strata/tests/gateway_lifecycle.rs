@@ -196,63 +196,75 @@ async fn policy_and_prefix_changes_are_hot_reloaded() {
     assert_eq!(status, 200, "a broken file keeps the previous config in force");
 }
 
-/// The kubelet updates a mounted Secret by swapping a new file in; the gateway.json that names it
-/// does not change.
-#[tokio::test]
-async fn a_rotated_api_key_is_sent_without_a_restart() {
-    let fake = FakeUpstream::start().await;
-    let gateway = Harness::start(&fake, Provider::OpenAI, |_| {}).await;
-    let session = [("x-strata-session", "main")];
-    let authorization = |fake: &FakeUpstream| {
-        let last = fake.seen().pop().expect("the upstream was called");
-        last.headers[header::AUTHORIZATION].to_str().unwrap().to_owned()
-    };
-    gateway.post_json(CHAT, &user("one"), &session).await;
-    assert_eq!(authorization(&fake), format!("Bearer {API_KEY}"));
+/// The `Authorization` the upstream saw last.
+fn authorization(fake: &FakeUpstream) -> String {
+    let last = fake.seen().pop().expect("the upstream was called");
+    last.headers[header::AUTHORIZATION].to_str().unwrap().to_owned()
+}
 
-    let key_file = gateway.dir.path().join("api-key");
-    let swapped_in = gateway.dir.path().join("api-key.new");
-    std::fs::write(&swapped_in, "sk-rotated-key\n").unwrap();
-    std::fs::rename(&swapped_in, &key_file).unwrap();
+/// Swaps `key` into the harness's API key file as the kubelet updates a mounted Secret: a new file
+/// renamed over the old one, with the gateway.json that names it unchanged.
+fn swap_in_key(gateway: &Harness, key: &str) {
+    let fresh = gateway.dir.path().join("api-key.new");
+    std::fs::write(&fresh, format!("{key}\n")).unwrap();
+    std::fs::rename(&fresh, gateway.dir.path().join("api-key")).unwrap();
+}
+
+/// Sends turns until the upstream is sent another key than the harness's first (for at most five
+/// seconds), and returns the `Authorization` it saw last.
+async fn authorization_after_rotation(gateway: &Harness, fake: &FakeUpstream) -> String {
     let mut sent = String::new();
     for turn in 0..50 {
         tokio::time::sleep(Duration::from_millis(100)).await;
-        gateway.post_json(CHAT, &user(&format!("turn {turn}")), &session).await;
-        sent = authorization(&fake);
+        let (code, _) =
+            gateway.post_json(CHAT, &user(&format!("turn {turn}")), &[("x-strata-session", "main")]).await;
+        assert_eq!(code, 200);
+        sent = authorization(fake);
         if sent != format!("Bearer {API_KEY}") {
             break;
         }
     }
-    assert_eq!(sent, "Bearer sk-rotated-key", "the rotated key was not picked up");
-    let status = gateway.get_json("/strata/v1/status").await;
-    assert_eq!(status["config"], json!({"inForce": "file"}));
+    sent
+}
 
-    std::fs::remove_file(&key_file).unwrap();
+/// The gateway's status once the config in force is `in_force` (or after ten seconds).
+async fn status_once_in_force(gateway: &Harness, in_force: &str) -> Value {
     let mut status = Value::Null;
     for _ in 0..100 {
         tokio::time::sleep(Duration::from_millis(100)).await;
         status = gateway.get_json("/strata/v1/status").await;
-        if status["config"]["inForce"] == "previous" {
+        if status["config"]["inForce"] == in_force {
             break;
         }
     }
+    status
+}
+
+#[tokio::test]
+async fn a_rotated_api_key_is_sent_without_a_restart() {
+    let fake = FakeUpstream::start().await;
+    let gateway = Harness::start(&fake, Provider::OpenAI, |_| {}).await;
+    gateway.post_json(CHAT, &user("one"), &[("x-strata-session", "main")]).await;
+    assert_eq!(authorization(&fake), format!("Bearer {API_KEY}"));
+
+    swap_in_key(&gateway, "sk-rotated-key");
+    let sent = authorization_after_rotation(&gateway, &fake).await;
+    assert_eq!(sent, "Bearer sk-rotated-key", "the rotated key was not picked up");
+    let status = gateway.get_json("/strata/v1/status").await;
+    assert_eq!(status["config"], json!({"inForce": "file"}));
+
+    std::fs::remove_file(gateway.dir.path().join("api-key")).unwrap();
+    let status = status_once_in_force(&gateway, "previous").await;
     assert_eq!(status["config"]["inForce"], "previous", "a vanished key file is reported: {status}");
     let problem = status["config"]["error"].as_str().unwrap_or_default();
     assert!(problem.contains("api-key"), "{problem}");
-    let (code, _) = gateway.post_json(CHAT, &user("after"), &session).await;
+    let (code, _) = gateway.post_json(CHAT, &user("after"), &[("x-strata-session", "main")]).await;
     assert_eq!(code, 200, "the key in force keeps serving");
     assert_eq!(authorization(&fake), "Bearer sk-rotated-key");
 
     // The same key back: the file is usable again, so the problem clears.
-    std::fs::write(&swapped_in, "sk-rotated-key\n").unwrap();
-    std::fs::rename(&swapped_in, &key_file).unwrap();
-    for _ in 0..100 {
-        tokio::time::sleep(Duration::from_millis(100)).await;
-        status = gateway.get_json("/strata/v1/status").await;
-        if status["config"]["inForce"] == "file" {
-            break;
-        }
-    }
+    swap_in_key(&gateway, "sk-rotated-key");
+    let status = status_once_in_force(&gateway, "file").await;
     assert_eq!(status["config"], json!({"inForce": "file"}), "the restored key file clears the problem");
 }
 
@@ -262,33 +274,12 @@ async fn a_rotated_api_key_is_sent_without_a_restart() {
 async fn a_key_rotated_while_the_config_file_is_broken_is_still_sent() {
     let fake = FakeUpstream::start().await;
     let gateway = Harness::start(&fake, Provider::OpenAI, |_| {}).await;
-    let session = [("x-strata-session", "main")];
     std::fs::write(&gateway.config_path, b"{ not json").unwrap();
-    let mut status = Value::Null;
-    for _ in 0..100 {
-        tokio::time::sleep(Duration::from_millis(100)).await;
-        status = gateway.get_json("/strata/v1/status").await;
-        if status["config"]["inForce"] == "previous" {
-            break;
-        }
-    }
+    let status = status_once_in_force(&gateway, "previous").await;
     assert_eq!(status["config"]["inForce"], "previous", "{status}");
 
-    let key_file = gateway.dir.path().join("api-key");
-    let swapped_in = gateway.dir.path().join("api-key.new");
-    std::fs::write(&swapped_in, "sk-rotated-meanwhile\n").unwrap();
-    std::fs::rename(&swapped_in, &key_file).unwrap();
-    let mut sent = String::new();
-    for turn in 0..50 {
-        tokio::time::sleep(Duration::from_millis(100)).await;
-        let (code, _) = gateway.post_json(CHAT, &user(&format!("turn {turn}")), &session).await;
-        assert_eq!(code, 200);
-        let last = fake.seen().pop().expect("the upstream was called");
-        sent = last.headers[header::AUTHORIZATION].to_str().unwrap().to_owned();
-        if sent != format!("Bearer {API_KEY}") {
-            break;
-        }
-    }
+    swap_in_key(&gateway, "sk-rotated-meanwhile");
+    let sent = authorization_after_rotation(&gateway, &fake).await;
     assert_eq!(sent, "Bearer sk-rotated-meanwhile", "the rotated key was not put in force");
     let status = gateway.get_json("/strata/v1/status").await;
     assert_eq!(status["config"]["inForce"], "previous", "the broken file is still reported: {status}");
