@@ -258,8 +258,8 @@ async fn a_rotated_trusted_authorities_file_is_used_without_a_restart() {
     let endpoint = format!("https://{}/v1", fake.address);
     let env = [("STRATA_TRUSTED_CA_FILE", bundle.to_str().unwrap())];
     let (gateway, client) = gateway(dir.path(), &fake, endpoint, &env).await;
-    let (status, answer) = chat(&client, &gateway, "before the rotation").await;
-    assert_eq!(status, 502, "the upstream's authority is not trusted yet: {answer}");
+    let (code, answer) = chat(&client, &gateway, "before the rotation").await;
+    assert_eq!(code, 502, "the upstream's authority is not trusted yet: {answer}");
 
     let swap_in = |text: &str| {
         let fresh = dir.path().join("ca.pem.new");
@@ -267,24 +267,29 @@ async fn a_rotated_trusted_authorities_file_is_used_without_a_restart() {
         std::fs::rename(&fresh, &bundle).unwrap();
     };
     swap_in(&current.pem);
-    let mut status = 0;
+    let mut code = 0;
     for attempt in 0..50 {
         tokio::time::sleep(Duration::from_millis(100)).await;
-        (status, _) = chat(&client, &gateway, &format!("after the rotation {attempt}")).await;
-        if status == 200 {
+        (code, _) = chat(&client, &gateway, &format!("after the rotation {attempt}")).await;
+        if code == 200 {
             break;
         }
     }
-    assert_eq!(status, 200, "the rotated bundle was not picked up");
+    assert_eq!(code, 200, "the rotated bundle was not picked up");
 
     swap_in("not a certificate\n");
     assert!(rejected_becomes(&client, &gateway, 1.0).await, "an unusable bundle is counted");
-    let (status, answer) = chat(&client, &gateway, "with the earlier client").await;
-    assert_eq!(status, 200, "the client built from the earlier bundle keeps serving: {answer}");
+    let egress = status(&client, &gateway).await["egress"].clone();
+    assert_eq!(egress["inForce"], "previous", "{egress}");
+    let error = egress["error"].as_str().unwrap_or_default();
+    assert!(error.contains(bundle.to_str().unwrap()) && error.contains("no PEM certificate"), "{error}");
+    let (code, answer) = chat(&client, &gateway, "with the earlier client").await;
+    assert_eq!(code, 200, "the client built from the earlier bundle keeps serving: {answer}");
     swap_in(&current.pem);
     assert!(rejected_becomes(&client, &gateway, 0.0).await, "a usable bundle clears the count");
-    let (status, answer) = chat(&client, &gateway, "with the bundle fixed").await;
-    assert_eq!(status, 200, "{answer}");
+    assert!(status(&client, &gateway).await["egress"].is_null(), "and the status's problem");
+    let (code, answer) = chat(&client, &gateway, "with the bundle fixed").await;
+    assert_eq!(code, 200, "{answer}");
 }
 
 /// Whether `strata_gateway_egress_rejected` reads `value` within ten seconds.
@@ -296,6 +301,12 @@ async fn rejected_becomes(client: &reqwest::Client, gateway: &GatewayProcess, va
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     false
+}
+
+/// The gateway's `/strata/v1/status`.
+async fn status(client: &reqwest::Client, gateway: &GatewayProcess) -> Value {
+    let url = format!("http://{}/strata/v1/status", gateway.address);
+    client.get(url).send().await.unwrap().json().await.unwrap()
 }
 
 /// `strata_gateway_egress_rejected` as the gateway's metrics endpoint reports it.

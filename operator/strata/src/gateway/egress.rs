@@ -44,8 +44,9 @@ fn egress_files() -> Vec<PathBuf> {
 }
 
 /// Rebuilds `gateway`'s upstream client whenever an egress file's bytes change. A file that
-/// changed into something unusable is logged and counted in `strata_gateway_egress_rejected`, and
-/// the client built from the earlier files stays in force. Returns at once when no file is named.
+/// changed into something unusable is logged, counted in `strata_gateway_egress_rejected` and
+/// shown in `/strata/v1/status` (`egress`), and the client built from the earlier files stays in
+/// force. Returns at once when no file is named.
 pub async fn watch(gateway: Arc<Gateway>) {
     let files = egress_files();
     if files.is_empty() {
@@ -63,9 +64,14 @@ pub async fn watch(gateway: Arc<Gateway>) {
         seen = now;
         // Building a client loads the system's trusted roots from disk: off the runtime's workers.
         let rebuilding = Arc::clone(&gateway);
-        let rebuilt = tokio::task::spawn_blocking(move || rebuilding.upstream.reload_egress())
-            .await
-            .unwrap_or_else(|error| Err(ClientError::from_reason(format!("the rebuild stopped: {error}"))));
+        let rebuilt = match tokio::task::spawn_blocking(move || rebuilding.upstream.reload_egress()).await {
+            Ok(rebuilt) => rebuilt,
+            Err(stopped) => {
+                let error = ClientError::from_reason(format!("the rebuild stopped: {stopped}"));
+                gateway.upstream.record_egress_outcome(Some(&error));
+                Err(error)
+            }
+        };
         match rebuilt {
             Ok(()) => {
                 tracing::info!("the egress files changed; new upstream connections use them");

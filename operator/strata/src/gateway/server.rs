@@ -292,6 +292,7 @@ async fn status(State(gateway): State<Arc<Gateway>>) -> Response {
                     None => json!({"inForce": "file"}),
                     Some(problem) => json!({"inForce": problem.in_force, "error": problem.error}),
                 },
+                "egress": gateway.upstream.egress_problem().map(|error| json!({"inForce": "previous", "error": error})),
                 "volumeBytes": gateway.volume.bytes(),
                 "volumeRetention": settings.session.volume,
                 "sweeper": gateway.sweeps.status(),

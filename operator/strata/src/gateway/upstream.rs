@@ -165,6 +165,8 @@ fn read_wait(read_timeout: Duration, deadline: Option<Instant>) -> Duration {
 pub struct Upstream {
     /// The client in force, replaced whole when the egress files change.
     transport: RwLock<Arc<Transport>>,
+    /// Why the egress files' last change could not be used, while the earlier client serves.
+    egress_problem: Mutex<Option<String>>,
     idle_timeout: Duration,
     read_timeout: Duration,
     max_response_bytes: usize,
@@ -226,6 +228,7 @@ impl Upstream {
         let transport = Transport::new(idle_timeout).map_err(|reason| ClientError { reason })?;
         Ok(Self {
             transport: RwLock::new(Arc::new(transport)),
+            egress_problem: Mutex::default(),
             idle_timeout,
             read_timeout,
             max_response_bytes,
@@ -235,11 +238,22 @@ impl Upstream {
 
     /// Builds the client again from the egress files (the proxy's URL and the trusted
     /// authorities) and puts it in force; calls under way finish on the old one. On an error the
-    /// client in force stays.
+    /// client in force stays, and [`Self::egress_problem`] says why until a rebuild succeeds.
     pub fn reload_egress(&self) -> Result<(), ClientError> {
-        let transport = Transport::new(self.idle_timeout).map_err(|reason| ClientError { reason })?;
-        *self.transport.write().unwrap_or_else(PoisonError::into_inner) = Arc::new(transport);
+        let rebuilt = Transport::new(self.idle_timeout).map_err(|reason| ClientError { reason });
+        self.record_egress_outcome(rebuilt.as_ref().err());
+        *self.transport.write().unwrap_or_else(PoisonError::into_inner) = Arc::new(rebuilt?);
         Ok(())
+    }
+
+    /// Records the outcome of the egress files' last change: `None` when it was put in force.
+    pub fn record_egress_outcome(&self, error: Option<&ClientError>) {
+        *self.egress_problem.lock().unwrap_or_else(PoisonError::into_inner) = error.map(ToString::to_string);
+    }
+
+    /// Why the egress files' last change could not be used, while the earlier client serves.
+    pub fn egress_problem(&self) -> Option<String> {
+        self.egress_problem.lock().unwrap_or_else(PoisonError::into_inner).clone()
     }
 
     fn transport(&self) -> Arc<Transport> {
@@ -577,6 +591,7 @@ mod tests {
         let client = super::super::connector::pooled_client_through(proxied.clone(), IDLE_CONNECTION_TIMEOUT);
         let upstream = Upstream {
             transport: RwLock::new(Arc::new(Transport { client: client.unwrap(), proxied })),
+            egress_problem: Mutex::default(),
             idle_timeout: IDLE_CONNECTION_TIMEOUT,
             read_timeout: Duration::from_secs(5),
             max_response_bytes: DEFAULT_MAX_RESPONSE_BYTES,
