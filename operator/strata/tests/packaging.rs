@@ -500,6 +500,8 @@ fn the_alerts_query_only_metrics_the_code_exports_and_say_what_to_do() {
         "StrataBlockedOperations",
         "StrataCompactionFailures",
         "StrataVolumeNearlyFull",
+        "StrataGatewayConfigRejected",
+        "StrataEgressRejected",
     ] {
         assert!(alerts.contains(wanted), "the rule has no alert {wanted}: {alerts:?}");
     }
