@@ -386,7 +386,8 @@ impl Startup {
     }
 }
 
-fn modified(path: &Path) -> Option<SystemTime> {
+/// When the file at `path` was last modified, if it can be read.
+pub(crate) fn modified(path: &Path) -> Option<SystemTime> {
     std::fs::metadata(path).and_then(|meta| meta.modified()).ok()
 }
 

@@ -5,13 +5,12 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::SystemTime;
 
-use super::config::RELOAD_POLL_INTERVAL;
+use super::config::{RELOAD_POLL_INTERVAL, modified};
 use super::connector::{PROXY_URL_FILE_ENV, TRUSTED_CA_FILE_ENV};
 use super::pipeline::Gateway;
 use super::upstream::ClientError;
 
-/// What was last seen of each egress file: its path, modification time and bytes. Two are equal
-/// when their bytes are: a file touched without a change keeps the client and its connections.
+/// What was last seen of one egress file: its modification time and bytes.
 struct Seen {
     path: PathBuf,
     modified: Option<SystemTime>,
@@ -19,19 +18,24 @@ struct Seen {
 }
 
 impl Seen {
-    fn of(path: PathBuf, previous: Option<&Seen>) -> Self {
-        let modified = std::fs::metadata(&path).and_then(|meta| meta.modified()).ok();
-        let bytes = match previous {
-            Some(seen) if seen.path == path && seen.modified == modified => seen.bytes.clone(),
-            _ => std::fs::read(&path).ok(),
-        };
-        Self { path, modified, bytes }
+    fn now(path: PathBuf) -> Self {
+        Self { modified: modified(&path), bytes: std::fs::read(&path).ok(), path }
     }
-}
 
-impl PartialEq for Seen {
-    fn eq(&self, other: &Self) -> bool {
-        self.bytes == other.bytes
+    /// Looks again: reads the file when its modification time moved, and says whether its bytes
+    /// changed (a file touched without a change keeps the client and its connections).
+    fn changed(&mut self) -> bool {
+        let modified = modified(&self.path);
+        if modified == self.modified {
+            return false;
+        }
+        self.modified = modified;
+        let bytes = std::fs::read(&self.path).ok();
+        if bytes == self.bytes {
+            return false;
+        }
+        self.bytes = bytes;
+        true
     }
 }
 
@@ -52,16 +56,18 @@ pub async fn watch(gateway: Arc<Gateway>) {
     if files.is_empty() {
         return;
     }
-    let mut seen: Vec<Seen> = files.iter().map(|path| Seen::of(path.clone(), None)).collect();
+    let mut seen: Vec<Seen> = files.into_iter().map(Seen::now).collect();
     let mut ticker = tokio::time::interval(RELOAD_POLL_INTERVAL);
     loop {
         ticker.tick().await;
-        let now: Vec<Seen> =
-            files.iter().zip(&seen).map(|(path, before)| Seen::of(path.clone(), Some(before))).collect();
-        if now == seen {
+        // Every file is looked at, so each one's new state is remembered.
+        let mut changed = false;
+        for file in &mut seen {
+            changed |= file.changed();
+        }
+        if !changed {
             continue;
         }
-        seen = now;
         // Building a client loads the system's trusted roots from disk: off the runtime's workers.
         let rebuilding = Arc::clone(&gateway);
         let rebuilt = match tokio::task::spawn_blocking(move || rebuilding.upstream.reload_egress()).await {
