@@ -10,31 +10,42 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]
 
 use std::path::Path;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use criterion::{BenchmarkId, Criterion, SamplingMode, criterion_group, criterion_main};
 use serde_json::Map;
 use strata_core::budget::OperationId;
 use strata_core::entry::{Content, Role};
+use strata_core::replay::tool_set::synthetic_tool_set;
+use strata_core::session::tool_block::Tools;
 use strata_core::session::{
     Api, AssistantOutput, ChatRequest, SessionEngine, SessionSettings, Turn, TurnOutcome, TurnRequest,
 };
+use strata_core::tokens::{TokenCounter, TokenizerKind};
 
 /// Turns per sample: enough to time, few enough that the journal stays near its size.
 const TURNS_PER_SAMPLE: u64 = 100;
 
-fn settings() -> SessionSettings {
-    let mut settings = SessionSettings::defaults(Api::OpenAi, 1_000_000);
+fn settings(api: Api) -> SessionSettings {
+    let mut settings = SessionSettings::defaults(api, 1_000_000);
     settings.automatic_compaction = false;
     settings
 }
 
-/// One request and its answer; returns nothing, panics if the turn is not admitted.
-fn turn(engine: &mut SessionEngine, settings: &SessionSettings, number: u64, text: String) {
+/// A request of one user message under the bench's system prompt, with `tools` (shared, as the
+/// gateway hands over a tool block whose bytes did not change).
+fn request(api: Api, text: String, tools: &Tools) -> ChatRequest {
     let user = Turn { role: Role::User, content: Content::text(text) };
-    let chat = ChatRequest::plain(Api::OpenAi, "You are a careful assistant.", vec![user]);
+    let mut chat = ChatRequest::plain(api, "You are a careful assistant.", vec![user]);
+    chat.tools = Arc::clone(tools);
+    chat
+}
+
+/// One request and its answer; returns nothing, panics if the turn is not admitted.
+fn turn(engine: &mut SessionEngine, settings: &SessionSettings, number: u64, chat: &ChatRequest) {
     let request = TurnRequest {
-        request: &chat,
+        request: chat,
         transparent: false,
         request_key: None,
         operation_id: OperationId::from_request("bench", &number.to_le_bytes()),
@@ -51,24 +62,25 @@ fn turn(engine: &mut SessionEngine, settings: &SessionSettings, number: u64, tex
 /// An engine on a new data directory whose journal holds about `tokens` tokens of notes, and the
 /// next turn number. The engine that wrote the notes is the one measured, so its rendered history
 /// is as warm as a running gateway's.
-fn seed(dir: &Path, settings: &SessionSettings, tokens: u64) -> (SessionEngine, u64) {
+fn seed(dir: &Path, settings: &SessionSettings, tokens: u64, tools: &Tools) -> (SessionEngine, u64) {
     let mut engine = SessionEngine::open(dir, settings, 0).unwrap();
     let mut number = 1;
     while engine.status(settings).unwrap().tokens < tokens {
         let note =
             format!("Note {number}: {}", "the deploy of service-a finished; logs are clean. ".repeat(40));
-        turn(&mut engine, settings, number, note);
+        turn(&mut engine, settings, number, &request(settings.api, note, tools));
         number += 1;
     }
     (engine, number)
 }
 
-fn bench_session(c: &mut Criterion) {
-    let settings = settings();
+/// Times `begin_turn` + `record_answer` at each journal size in `sizes`, every request carrying
+/// `tools` (the requests are built before the timing: the engine's work is measured).
+fn measure(c: &mut Criterion, name: &str, settings: &SessionSettings, sizes: &[u64], tools: &Tools) {
     let root = tempfile::tempdir().unwrap();
-    let mut group = c.benchmark_group("stateful_request_engine_work");
+    let mut group = c.benchmark_group(name);
     group.sampling_mode(SamplingMode::Flat).sample_size(20).measurement_time(Duration::from_secs(4));
-    for size in [1_000u64, 50_000, 200_000] {
+    for &size in sizes {
         let mut samples = 0u64;
         group.bench_with_input(BenchmarkId::from_parameter(size), &size, |b, _| {
             b.iter_custom(|iterations| {
@@ -77,12 +89,16 @@ fn bench_session(c: &mut Criterion) {
                 while done < iterations {
                     samples += 1;
                     let dir = root.path().join(format!("run-{size}-{samples}"));
-                    let (mut engine, next) = seed(&dir, &settings, size);
+                    let (mut engine, next) = seed(&dir, settings, size, tools);
                     let batch = TURNS_PER_SAMPLE.min(iterations - done);
+                    let requests: Vec<ChatRequest> = (next..next + batch)
+                        .map(|number| {
+                            request(settings.api, format!("What changed since step {number}?"), tools)
+                        })
+                        .collect();
                     let started = Instant::now();
-                    for offset in 0..batch {
-                        let number = next + offset;
-                        turn(&mut engine, &settings, number, format!("What changed since step {number}?"));
+                    for (number, chat) in (next..).zip(&requests) {
+                        turn(&mut engine, settings, number, chat);
                     }
                     total += started.elapsed();
                     done += batch;
@@ -94,6 +110,16 @@ fn bench_session(c: &mut Criterion) {
         });
     }
     group.finish();
+}
+
+fn bench_session(c: &mut Criterion) {
+    let no_tools = Tools::default();
+    measure(c, "stateful_request_engine_work", &settings(Api::OpenAi), &[1_000, 50_000, 200_000], &no_tools);
+    // A coding agent's client sends its whole tool block with every request (about 20k tokens for
+    // Claude Code with a few connectors); the engine must notice it is unchanged cheaply.
+    let counter = TokenCounter::new(TokenizerKind::O200kBase).unwrap();
+    let tools: Tools = synthetic_tool_set(20_000, &counter).into();
+    measure(c, "stateful_request_engine_work_20k_tool_tokens", &settings(Api::Anthropic), &[1_000], &tools);
 }
 
 criterion_group!(benches, bench_session);

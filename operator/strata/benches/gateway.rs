@@ -11,7 +11,8 @@
 //! unmeasured request first (so connection setup is not measured), then run their measured requests
 //! back to back. Run with
 //! `cargo bench -p strata --bench gateway`; `STRATA_BENCH_QUICK=1` runs a shorter version, and
-//! `STRATA_BENCH_SEQUENTIAL=N` sets the sequential phases' request count (longer runs for a profiler).
+//! `STRATA_BENCH_SEQUENTIAL=N` sets the sequential phases' request count (longer runs for a profiler);
+//! `STRATA_BENCH_TOOL_TOKENS=N` gives every request a synthetic tool block of about N tokens.
 //! Each phase also prints the gateway's own account from its metrics: the mean time of its own work
 //! (`strata_gateway_added_overhead_seconds`), the bucket bound its p99 falls under, and the mean
 //! time of waiting on the upstream. The sequential phases
@@ -249,6 +250,30 @@ type Transcript = Arc<Mutex<Vec<serde_json::Value>>>;
 struct ChatBody<'a> {
     messages: &'a [serde_json::Value],
     stream: bool,
+    #[serde(skip_serializing_if = "<[_]>::is_empty")]
+    tools: &'a [serde_json::Value],
+}
+
+/// The tool block every request carries: none, or with `STRATA_BENCH_TOOL_TOKENS=N` the
+/// synthetic tool set of about N tokens (`strata replay --synthetic-tools`) in OpenAI's shape, as
+/// a coding agent sends its tools with every call.
+fn bench_tools() -> &'static [serde_json::Value] {
+    static TOOLS: std::sync::OnceLock<Vec<serde_json::Value>> = std::sync::OnceLock::new();
+    TOOLS.get_or_init(|| {
+        let Some(tokens) = std::env::var("STRATA_BENCH_TOOL_TOKENS").ok().and_then(|text| text.parse().ok())
+        else {
+            return Vec::new();
+        };
+        let counter = TokenCounter::new(TokenizerKind::O200kBase).unwrap();
+        strata_core::replay::tool_set::synthetic_tool_set(tokens, &counter)
+            .into_iter()
+            .map(|tool| {
+                json!({"type": "function", "function": {
+                    "name": tool["name"], "description": tool["description"], "parameters": tool["input_schema"]
+                }})
+            })
+            .collect()
+    })
 }
 
 /// The whole message list of a Transparent client whose history is at least `target_tokens`
@@ -307,9 +332,17 @@ async fn run_phase(
                     Some(transcript) => {
                         let mut messages = transcript.lock().unwrap();
                         messages.push(message);
-                        serde_json::to_vec(&ChatBody { messages: &messages, stream: stream_requests })
+                        serde_json::to_vec(&ChatBody {
+                            messages: &messages,
+                            stream: stream_requests,
+                            tools: bench_tools(),
+                        })
                     }
-                    None => serde_json::to_vec(&ChatBody { messages: &[message], stream: stream_requests }),
+                    None => serde_json::to_vec(&ChatBody {
+                        messages: &[message],
+                        stream: stream_requests,
+                        tools: bench_tools(),
+                    }),
                 };
                 let body = Bytes::from(body.unwrap());
                 for proxy in &references {

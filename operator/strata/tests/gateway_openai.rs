@@ -385,3 +385,45 @@ async fn identical_tool_less_requests_are_answered_from_the_response_cache() {
     assert_eq!(fake.seen().len(), 3, "requests offering tools are never cached");
     assert!(gateway.metrics().await.contains("strata_gateway_response_cache_hits_total 1"));
 }
+
+#[tokio::test]
+async fn a_tool_block_sent_again_is_kept_and_a_changed_one_reaches_the_upstream() {
+    let fake = FakeUpstream::start().await;
+    let gateway = Harness::start(&fake, Provider::OpenAI, |_| {}).await;
+    let tool = |name: &str| json!({"type": "function", "function": {"name": name, "parameters": {"type": "object"}}});
+    let mut history = vec![json!({"role": "user", "content": "Hello"})];
+    // The tool block before the messages in one request and after them in the next: the same
+    // bytes wherever they lie are the same block.
+    let mut send = |tools: Value, tools_first: bool| {
+        let text = serde_json::to_string(&history).unwrap();
+        let tools = serde_json::to_string(&tools).unwrap();
+        let body = if tools_first {
+            format!(r#"{{"tools":{tools},"messages":{text}}}"#)
+        } else {
+            format!(r#"{{"messages":{text},"tools":{tools}}}"#)
+        };
+        history.push(json!({"role": "assistant", "content": "ok"}));
+        history.push(json!({"role": "user", "content": format!("And now {}?", history.len())}));
+        serde_json::from_str::<Value>(&body).unwrap()
+    };
+    let memory = ["strata_purge", "strata_compact_context", "strata_read_output"];
+    for (tools, tools_first, expected) in [
+        (json!([tool("read"), tool("write")]), true, vec!["read", "write"]),
+        (json!([tool("read"), tool("write")]), false, vec!["read", "write"]),
+        (json!([tool("read"), tool("write")]), true, vec!["read", "write"]),
+        (json!([tool("grep")]), true, vec!["grep"]),
+        (json!(null), false, vec![]),
+        (json!([tool("read"), tool("write")]), true, vec!["read", "write"]),
+    ] {
+        let body = send(tools, tools_first);
+        let (status, answer) = gateway.post_json(CHAT, &body, &[]).await;
+        assert_eq!(status, 200, "{answer}");
+        let mut wanted: Vec<&str> = expected.clone();
+        wanted.extend(memory);
+        assert_eq!(tool_names(&fake.last()), wanted, "{body}");
+    }
+    let body = json!({"messages": [{"role": "user", "content": "Hi"}], "tools": {"read": true}});
+    let (status, answer) = gateway.post_json(CHAT, &body, &[]).await;
+    assert_eq!(status, 400, "{answer}");
+    assert_eq!(answer["error"]["message"], "`tools` must be an array");
+}

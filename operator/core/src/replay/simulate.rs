@@ -578,7 +578,7 @@ fn marker_pattern() -> Option<Regex> {
 fn client_request(messages: &[Value], tools: &[Value]) -> Result<ChatRequest, String> {
     let parsed = parse_messages(messages)?;
     Ok(ChatRequest {
-        tools: tools.to_vec(),
+        tools: tools.into(),
         ..ChatRequest::plain(Api::OpenAi, parsed.system.join("\n\n"), parsed.turns)
     })
 }

@@ -110,30 +110,66 @@ pub fn one_line(description: &str) -> String {
 /// scores 3, in the description 1 (each query word counts once per tool). Tools scoring 0 are
 /// left out.
 pub fn rank(tools: &[Value], query: &str) -> Vec<String> {
-    let query: BTreeSet<String> = words(query).into_iter().collect();
-    let mut scored: Vec<(u64, usize, String)> = tools
-        .iter()
-        .enumerate()
-        .filter_map(|(index, tool)| {
-            let name = tool_name(tool)?;
-            let name_words: BTreeSet<String> = words(name).into_iter().collect();
-            let description_words: BTreeSet<String> = words(description(tool)).into_iter().collect();
-            let score: u64 =
-                query
+    ToolRanking::new(tools).rank(query)
+}
+
+/// One tool's words, split once.
+#[derive(Debug, Clone, Default)]
+struct RankedTool {
+    name: String,
+    name_words: BTreeSet<String>,
+    description_words: BTreeSet<String>,
+}
+
+/// The words of a tool list, split once, so that each new request is ranked ([`rank`]) without
+/// splitting every tool's description again: a coding agent's tool block is tens of thousands of
+/// tokens, and a client sends it with every request.
+#[derive(Debug, Clone, Default)]
+pub struct ToolRanking {
+    tools: Vec<RankedTool>,
+}
+
+impl ToolRanking {
+    /// Splits the names and descriptions of `tools` (tools without a name are left out).
+    pub fn new(tools: &[Value]) -> Self {
+        let tools = tools
+            .iter()
+            .filter_map(|tool| {
+                let name = tool_name(tool)?;
+                Some(RankedTool {
+                    name: name.to_owned(),
+                    name_words: words(name).into_iter().collect(),
+                    description_words: words(description(tool)).into_iter().collect(),
+                })
+            })
+            .collect();
+        ToolRanking { tools }
+    }
+
+    /// The tools' names ranked against `query`, as [`rank`] ranks them.
+    pub fn rank(&self, query: &str) -> Vec<String> {
+        let query: BTreeSet<String> = words(query).into_iter().collect();
+        let mut scored: Vec<(u64, usize, &str)> = self
+            .tools
+            .iter()
+            .enumerate()
+            .filter_map(|(index, tool)| {
+                let score: u64 = query
                     .iter()
                     .map(|word| {
-                        if name_words.contains(word) {
+                        if tool.name_words.contains(word) {
                             3
                         } else {
-                            u64::from(description_words.contains(word))
+                            u64::from(tool.description_words.contains(word))
                         }
                     })
                     .sum();
-            (score > 0).then(|| (score, index, name.to_owned()))
-        })
-        .collect();
-    scored.sort_by(|a, b| b.0.cmp(&a.0).then(a.1.cmp(&b.1)));
-    scored.into_iter().map(|(_, _, name)| name).collect()
+                (score > 0).then_some((score, index, tool.name.as_str()))
+            })
+            .collect();
+        scored.sort_by(|a, b| b.0.cmp(&a.0).then(a.1.cmp(&b.1)));
+        scored.into_iter().map(|(_, _, name)| name.to_owned()).collect()
+    }
 }
 
 /// A tool's compact summary in `api`'s shape: its name, one line of description and an open
@@ -184,11 +220,12 @@ impl ToolView {
         self.full.extend(used.into_iter().filter(|name| offered.contains(name.as_str())));
     }
 
-    /// A new request's batch: the ranking's best tools against `query` that are still
+    /// A new request's batch: the best tools of `ranking` against `query` that are still
     /// summarised get their full schema when there are at least `policy.batch_tools` of them.
     /// Returns whether the view changed.
-    pub fn rerank(&mut self, tools: &[Value], query: &str, policy: &LazyToolsPolicy) -> bool {
-        let wanted: Vec<String> = rank(tools, query)
+    pub fn rerank(&mut self, ranking: &ToolRanking, query: &str, policy: &LazyToolsPolicy) -> bool {
+        let wanted: Vec<String> = ranking
+            .rank(query)
             .into_iter()
             .take(policy.full_schema_tools)
             .filter(|name| !self.full.contains(name))
@@ -314,7 +351,10 @@ mod tests {
         let mut view = ToolView::default();
         view.initialise(&tools(), "fetch the page", ["Bash".to_owned(), "Gone".to_owned()], &policy);
         assert_eq!(view.full, ["Bash", "WebFetch"].map(str::to_owned).into());
-        assert!(!view.rerank(&tools(), "read a file", &policy), "one wanted tool is not a batch");
+        assert!(
+            !view.rerank(&ToolRanking::new(&tools()), "read a file", &policy),
+            "one wanted tool is not a batch"
+        );
         let shaped = view.shape(Api::Anthropic, &tools());
         let names: Vec<&str> = shaped.iter().filter_map(tool_name).collect();
         assert_eq!(names, ["Bash", "WebFetch", "mcp__github__create_issue", "Read"]);

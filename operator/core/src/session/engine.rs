@@ -8,7 +8,6 @@ use std::time::{Duration, Instant};
 
 use serde::Serialize;
 use serde_json::{Map, Value};
-use sha2::{Digest, Sha256};
 
 use crate::artifacts::{ArtifactError, ArtifactRef, ArtifactStore};
 use crate::budget::stages::{SectionTokens, Stage, allocate};
@@ -41,7 +40,7 @@ use crate::tool_output::{
     spill,
 };
 
-use super::capabilities::{ToolBlockStats, ToolView};
+use super::capabilities::{ToolBlockStats, ToolRanking, ToolView};
 use super::compacting::{CompactionAsk, CompactionOutcome};
 use super::durable::DurableTarget;
 use super::memory_tools;
@@ -394,6 +393,15 @@ pub struct EntrySummary {
 /// The lower limits the inspector simulates, in percent of the real limit.
 pub const LOWER_BUDGET_PERCENTS: &[u8] = &[75, 50, 25];
 
+/// What a stable prefix was built from, besides the client's tools (kept whole beside it).
+#[derive(Debug)]
+struct PrefixInputs {
+    /// The settings' revision.
+    revision: u64,
+    /// The stable part of the client's system prompt.
+    stable_system: String,
+}
+
 /// One agent's context, and the only place that decides what the model sees.
 pub struct SessionEngine {
     pub(super) journal: Journal,
@@ -407,7 +415,8 @@ pub struct SessionEngine {
     pub(super) state: StateDir,
     /// The artifact sweeper's clocks and per-generation reference cache.
     pub(super) lifecycle: Lifecycle,
-    prefix_inputs: Option<[u8; 32]>,
+    /// What the stable prefix in force was built from; `None` asks the next request to build it.
+    prefix_inputs: Option<PrefixInputs>,
     tier1: Tier1Json,
     transparent: TransparentIndex,
     request_keys: RequestKeys,
@@ -442,9 +451,11 @@ pub struct SessionEngine {
     /// Which client tools have their full schema.
     tool_view: ToolView,
     /// The client's tools as last presented (re-shaped when the view grows).
-    client_tools: Vec<Value>,
+    client_tools: super::tool_block::Tools,
     /// The configured and client tools in their stable order, unshaped.
     ordered_tools: Vec<Value>,
+    /// The words of `ordered_tools`, split when a request first ranks them.
+    tool_ranking: Option<ToolRanking>,
     /// The tool block at the last shaping.
     tool_stats: ToolBlockStats,
     /// The request text the tools were last ranked against.
@@ -604,14 +615,15 @@ impl SessionEngine {
             corrupt_state: corrupt,
             asked: None,
             tool_view,
-            client_tools: Vec::new(),
+            client_tools: Default::default(),
             ordered_tools: Vec::new(),
+            tool_ranking: None,
             tool_stats: ToolBlockStats::default(),
             ranked_query: String::new(),
             derived: DerivedState::new(derived),
             compaction_outcomes: Vec::new(),
         };
-        engine.prepare_prefix(settings, "", &[])?;
+        engine.prepare_prefix(settings, "", &Default::default())?;
         engine.rebuild_window(settings)?;
         engine.validate_derived(settings, opened_at_ms)?;
         engine.pending_churn = ChurnCause::Cold;
@@ -932,28 +944,28 @@ impl SessionEngine {
         &mut self,
         settings: &SessionSettings,
         client_system: &str,
-        client_tools: &[Value],
+        client_tools: &super::tool_block::Tools,
     ) -> Result<(), EngineError> {
         if client_system != self.client_system {
             self.system_split = split_volatile_lines(client_system).map_err(PrefixError::from)?;
             self.client_system = client_system.to_owned();
         }
         self.compiler.set_volatile_context(&self.system_split.moved, &self.counter);
-        let stable_system = self.system_split.stable.as_str();
-        let mut hasher = Sha256::new();
-        hasher.update(settings.revision.to_le_bytes());
-        hasher.update((stable_system.len() as u64).to_le_bytes());
-        hasher.update(stable_system.as_bytes());
-        for tool in client_tools {
-            hasher.update(tool.to_string().as_bytes());
-            hasher.update([0]);
-        }
-        let inputs: [u8; 32] = hasher.finalize().into();
-        if self.prefix_inputs == Some(inputs) {
+        // Compared, not hashed: a client resends the same tool block (often tens of thousands of
+        // tokens) with every request. The gateway hands the same bytes over as the same shared
+        // value, which compares at once; other callers' blocks are compared whole.
+        let same_tools = Arc::ptr_eq(client_tools, &self.client_tools) || *client_tools == self.client_tools;
+        let unchanged = same_tools
+            && self.prefix_inputs.as_ref().is_some_and(|built| {
+                built.revision == settings.revision && built.stable_system == self.system_split.stable
+            });
+        if unchanged {
             return Ok(());
         }
-        if client_tools != self.client_tools.as_slice() {
-            self.client_tools = client_tools.to_vec();
+        // Until the new prefix is in force, a failure below leaves it to the next request.
+        self.prefix_inputs = None;
+        if !same_tools {
+            self.client_tools = Arc::clone(client_tools);
         }
         let configured = &settings.stable_prefix;
         let mut combined: Vec<Value> =
@@ -972,6 +984,9 @@ impl SessionEngine {
         let mut registry = self.registry.clone();
         let arranged: Vec<Value> = registry.arrange(&combined)?.into_iter().cloned().collect();
         let mut ordered = self.shape_tools(settings, &arranged)?;
+        if arranged != self.ordered_tools {
+            self.tool_ranking = None;
+        }
         self.ordered_tools = arranged;
         ordered.extend(memory_tools(self.api));
         if self.tool_stats.lazy {
@@ -1009,7 +1024,10 @@ impl SessionEngine {
         }
         self.tier1 = Tier1Json::build(self.api, &prefix, ordered);
         self.compiler.set_prefix(prefix);
-        self.prefix_inputs = Some(inputs);
+        self.prefix_inputs = Some(PrefixInputs {
+            revision: settings.revision,
+            stable_system: self.system_split.stable.clone(),
+        });
         Ok(())
     }
 
@@ -1344,7 +1362,11 @@ impl SessionEngine {
         query.clone_into(&mut self.ranked_query);
         if self.tool_stats.lazy
             && self.tool_view.initialised
-            && self.tool_view.rerank(&self.ordered_tools, query, &settings.lazy_tools)
+            && self.tool_view.rerank(
+                self.tool_ranking.get_or_insert_with(|| ToolRanking::new(&self.ordered_tools)),
+                query,
+                &settings.lazy_tools,
+            )
         {
             self.state.write(TOOL_VIEW_FILE, &self.tool_view)?;
             self.prefix_inputs = None;

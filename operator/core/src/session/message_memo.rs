@@ -64,12 +64,20 @@ struct Remembered {
     turns: usize,
 }
 
+/// A body's opening: its fields before `messages` ([`SplitBody::opening`]) and where its `tools`
+/// lay among them ([`SplitBody::opening_tools`]).
+#[derive(Debug, Clone)]
+struct Opening {
+    fields: Map<String, Value>,
+    tools: Option<Range<usize>>,
+}
+
 /// The last transparent request's messages and turns, with their chain values.
 #[derive(Debug, Default)]
 pub struct MessageMemo {
     api: Option<Api>,
-    /// The body's fields before `messages` ([`SplitBody::opening`]).
-    opening: Option<Map<String, Value>>,
+    /// The body's opening.
+    opening: Option<Opening>,
     messages: Vec<Remembered>,
     turns: Vec<Turn>,
     /// The chain value after each of `turns`.
@@ -102,7 +110,7 @@ pub struct ReadMessages {
 #[derive(Debug, Default)]
 pub struct Recollection {
     api: Option<Api>,
-    opening: Option<Map<String, Value>>,
+    opening: Option<Opening>,
     messages: Vec<Remembered>,
 }
 
@@ -120,7 +128,7 @@ impl MessageMemo {
     /// remembered body, only what follows the shared messages is read.
     pub fn split(&self, api: Api, body: &[u8]) -> Result<SplitBody, BodyError> {
         if self.api == Some(api)
-            && let Some(fields) = &self.opening
+            && let Some(opening) = &self.opening
         {
             let mut start = 0;
             let known = self
@@ -139,7 +147,13 @@ impl MessageMemo {
                 let spans: Vec<Range<usize>> =
                     self.messages[..known].iter().map(|message| message.raw.clone()).collect();
                 let end = spans[known - 1].end;
-                return split_body_after(body, &KnownOpening { end, spans: &spans, fields });
+                let known = KnownOpening {
+                    end,
+                    spans: &spans,
+                    fields: &opening.fields,
+                    tools: opening.tools.clone(),
+                };
+                return split_body_after(body, &known);
             }
         }
         split_body(body)
@@ -155,7 +169,8 @@ impl MessageMemo {
         split: SplitBody,
         mut read: impl FnMut(usize, &[u8]) -> Result<Reading, E>,
     ) -> Result<ReadMessages, E> {
-        let SplitBody { messages, opening, known, .. } = split;
+        let SplitBody { messages, opening, opening_tools, known, .. } = split;
+        let opening = opening.map(|fields| Opening { fields, tools: opening_tools });
         let MessageMemo {
             api: memo_api, messages: mut remembered, mut turns, mut chains, whole_user, ..
         } = self;

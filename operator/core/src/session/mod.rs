@@ -24,6 +24,7 @@ mod revocation;
 pub mod settings;
 mod state;
 pub mod sweep;
+pub mod tool_block;
 pub mod tool_schema;
 pub mod transparent;
 pub mod turn;

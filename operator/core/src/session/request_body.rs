@@ -21,6 +21,12 @@ pub struct SplitBody {
     /// How many leading messages a resumed split ([`split_body_after`]) found at the same places
     /// and with the same bytes as in the earlier body; 0 for a split of the whole body.
     pub known: usize,
+    /// Where the value of `tools` lies in the body, unparsed (the last one, when the key repeats):
+    /// a client resends the same tool block with every request, so it is parsed only when its
+    /// bytes change ([`super::tool_block::ToolBlocks`]).
+    pub tools: Option<Range<usize>>,
+    /// Where the value of `tools` lies when it comes before `messages` (part of `opening`).
+    pub opening_tools: Option<Range<usize>>,
 }
 
 /// Why a body could not be split.
@@ -47,6 +53,8 @@ pub struct KnownOpening<'a> {
     pub spans: &'a [Range<usize>],
     /// The earlier body's fields before `messages` ([`SplitBody::opening`]).
     pub fields: &'a Map<String, Value>,
+    /// The earlier body's `tools` before `messages` ([`SplitBody::opening_tools`]).
+    pub tools: Option<Range<usize>>,
 }
 
 /// Splits `body`: `messages` into its elements' raw bytes, the other fields parsed.
@@ -59,12 +67,15 @@ pub fn split_body(body: &[u8]) -> Result<SplitBody, BodyError> {
         Err(error) => return Err(BodyError::NotJson(error)),
     };
     let opening = (top.messages_keys == 1).then_some(top.before_messages);
+    let opening_tools = top.tools_before_messages.filter(|_| opening.is_some()).map(|raw| span(body, raw, 0));
     match top.messages {
         Some(Messages::Array(messages)) => Ok(SplitBody {
             messages: messages.iter().map(|raw| span(body, raw, 0)).collect(),
             fields: top.fields,
             opening,
             known: 0,
+            tools: top.tools.map(|raw| span(body, raw, 0)),
+            opening_tools,
         }),
         Some(Messages::Other) | None => Err(BodyError::NoMessages),
     }
@@ -101,7 +112,16 @@ pub fn split_body_after(body: &[u8], known: &KnownOpening<'_>) -> Result<SplitBo
     messages.extend(tail.iter().skip(1).map(|raw| span(&resumed, raw, shift)));
     let mut fields = known.fields.clone();
     fields.extend(top.fields);
-    Ok(SplitBody { messages, fields, opening: Some(known.fields.clone()), known: known.spans.len() })
+    // A `tools` after the messages wins over one in the opening, as a later key does.
+    let tools = top.tools.map(|raw| span(&resumed, raw, shift)).or_else(|| known.tools.clone());
+    Ok(SplitBody {
+        messages,
+        fields,
+        opening: Some(known.fields.clone()),
+        known: known.spans.len(),
+        tools,
+        opening_tools: known.tools.clone(),
+    })
 }
 
 /// Where `raw`, read from `input`, lies, moved by `shift` (the offset of `input` in the body).
@@ -118,6 +138,9 @@ struct TopLevel<'a> {
     /// How many times `messages` appeared, and the fields before its first appearance.
     messages_keys: usize,
     before_messages: Map<String, Value>,
+    /// The value of `tools`, unparsed, and the one seen before `messages`.
+    tools: Option<&'a RawValue>,
+    tools_before_messages: Option<&'a RawValue>,
 }
 
 /// The value of `messages`.
@@ -143,12 +166,21 @@ impl<'de> Visitor<'de> for TopLevelVisitor {
     }
 
     fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
-        let mut top =
-            TopLevel { messages: None, fields: Map::new(), messages_keys: 0, before_messages: Map::new() };
+        let mut top = TopLevel {
+            messages: None,
+            fields: Map::new(),
+            messages_keys: 0,
+            before_messages: Map::new(),
+            tools: None,
+            tools_before_messages: None,
+        };
         while let Some(key) = map.next_key::<String>()? {
-            if key == "messages" {
+            if key == "tools" {
+                top.tools = Some(map.next_value()?);
+            } else if key == "messages" {
                 if top.messages_keys == 0 {
                     top.before_messages.clone_from(&top.fields);
+                    top.tools_before_messages = top.tools;
                 }
                 top.messages_keys += 1;
                 top.messages = Some(map.next_value()?);
@@ -252,6 +284,7 @@ mod tests {
                 end: first.messages[known - 1].end,
                 spans: &first.messages[..known],
                 fields: &fields,
+                tools: first.opening_tools.clone(),
             },
         )
     }
@@ -280,6 +313,7 @@ mod tests {
                     let text = String::from_utf8_lossy(later);
                     assert_eq!(whole.messages, resumed.messages, "{text}");
                     assert_eq!(whole.fields, resumed.fields, "{text}");
+                    assert_eq!(whole.tools, resumed.tools, "{text}");
                 }
                 (Err(whole), Err(resumed)) => assert_eq!(whole.to_string(), resumed.to_string()),
                 (whole, resumed) => panic!("{whole:?} against {resumed:?}"),
@@ -293,11 +327,11 @@ mod tests {
         fn resuming_equals_splitting_whole(
             messages in proptest::collection::vec("[a-c]{0,2}", 1..6),
             edit in 0usize..80,
-            insert in proptest::sample::select(vec!["", " ", ",", "]", "}", "\"x\"", "{", "[1]", ",\"messages\":[]", ".5", "e5", "E+1", "0", "-"]),
+            insert in proptest::sample::select(vec!["", " ", ",", "]", "}", "\"x\"", "{", "[1]", ",\"messages\":[]", ",\"tools\":[2]", ".5", "e5", "E+1", "0", "-"]),
             cut in 0usize..80,
         ) {
             let list: Vec<String> = messages.iter().map(|text| format!(r#"{{"c":"{text}"}}"#)).collect();
-            let earlier = format!(r#"{{"model":"m","messages":[{}],"stream":true}}"#, list.join(","));
+            let earlier = format!(r#"{{"model":"m","tools":[{{"n":1}}],"messages":[{}],"stream":true}}"#, list.join(","));
             // The later body: the earlier one with something inserted and a tail cut off and regrown.
             let mut later = earlier.clone().into_bytes();
             let at = edit.min(later.len());
@@ -312,11 +346,26 @@ mod tests {
                     proptest::prop_assert_eq!(whole.messages, resumed.messages);
                     proptest::prop_assert_eq!(whole.fields, resumed.fields);
                     proptest::prop_assert_eq!(whole.opening, resumed.opening);
+                    proptest::prop_assert_eq!(whole.tools, resumed.tools);
+                    proptest::prop_assert_eq!(whole.opening_tools, resumed.opening_tools);
                 }
                 (Err(whole), Err(resumed)) => proptest::prop_assert_eq!(whole.to_string(), resumed.to_string()),
                 (whole, resumed) => proptest::prop_assert!(false, "{:?} against {:?}", whole, resumed),
             }
         }
+    }
+
+    #[test]
+    fn tools_are_left_unparsed_where_they_lie_and_the_last_one_counts() {
+        let body = br#"{"tools":[{"name":"a"}],"messages":[{"x":1}],"tools":[{"name":"b"}]}"#;
+        let split = split_body(body).unwrap();
+        assert!(!split.fields.contains_key("tools"), "not parsed into the fields");
+        assert_eq!(&body[split.tools.clone().unwrap()], br#"[{"name":"b"}]"#);
+        assert_eq!(&body[split.opening_tools.clone().unwrap()], br#"[{"name":"a"}]"#);
+        let later = br#"{"tools":[{"name":"a"}],"messages":[{"x":1},{"y":2}]}"#;
+        let resumed = split_after(body, later).unwrap();
+        assert_eq!(&later[resumed.tools.unwrap()], br#"[{"name":"a"}]"#, "the opening's, when none follows");
+        assert!(split_body(br#"{"messages":[]}"#).unwrap().tools.is_none());
     }
 
     #[test]

@@ -52,8 +52,9 @@ pub struct ChatRequest {
     pub system_text: String,
     /// Non-system messages in order.
     pub turns: Vec<Turn>,
-    /// Client tool schemas in the API's own shape.
-    pub tools: Vec<Value>,
+    /// Client tool schemas in the API's own shape, shared: the same block a client resends is
+    /// the same value ([`crate::session::tool_block::ToolBlocks`]).
+    pub tools: crate::session::tool_block::Tools,
     /// Other request fields, forwarded unchanged (temperature, max_tokens, tool_choice, …).
     pub params: Map<String, Value>,
     /// OpenAI streaming: whether the client asked for the usage chunk.
@@ -77,7 +78,7 @@ impl ChatRequest {
             stream: false,
             system_text: system_text.into(),
             turns,
-            tools: Vec::new(),
+            tools: Default::default(),
             params: Map::new(),
             wants_usage: false,
             known_chains: Vec::new(),

@@ -13,6 +13,7 @@ use super::provider::ParsedRequest;
 use super::schema_retry::SchemaRetryHold;
 use super::sse;
 use strata_core::session::message_memo::{MessageMemo, Reading};
+use strata_core::session::tool_block::ToolBlocks;
 use strata_core::session::tool_schema::is_memory_tool;
 use strata_core::session::turn::{Api, AssistantOutput, ChatRequest, Turn, Usage, text_of};
 
@@ -111,8 +112,13 @@ fn assistant_turn(index: usize, content: &Value) -> Result<Turn, GatewayError> {
 
 /// Parses a `POST /v1/messages` body; messages equal to the ones `memo` remembers are taken from
 /// it instead of being parsed again.
-pub fn parse_request(body: &Bytes, memo: MessageMemo) -> Result<ParsedRequest, GatewayError> {
+pub fn parse_request(
+    body: &Bytes,
+    memo: MessageMemo,
+    tool_blocks: &ToolBlocks,
+) -> Result<ParsedRequest, GatewayError> {
     let mut split = memo.split(Api::Anthropic, body).map_err(|error| bad(error.to_string()))?;
+    let tools_span = split.tools.clone();
     let mut fields = std::mem::take(&mut split.fields);
     let count = split.messages.len();
     let read = memo.read(Api::Anthropic, body, split, |index, raw| {
@@ -133,11 +139,7 @@ pub fn parse_request(body: &Bytes, memo: MessageMemo) -> Result<ParsedRequest, G
         }
     };
     let stream = fields.get("stream").and_then(Value::as_bool).unwrap_or(false);
-    let tools = match fields.get("tools") {
-        None | Some(Value::Null) => Vec::new(),
-        Some(Value::Array(tools)) => tools.clone(),
-        Some(_) => return Err(bad("`tools` must be an array")),
-    };
+    let tools = tool_blocks.read(body, tools_span).map_err(|error| bad(error.to_string()))?;
     for field in CONSUMED_FIELDS {
         fields.remove(field);
     }

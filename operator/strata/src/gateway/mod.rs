@@ -353,6 +353,7 @@ fn assemble(
         body_buffers: body_buffer::BodyBuffers::default(),
         responses: response_cache::ResponseCache::default(),
         messages: Default::default(),
+        tool_blocks: Default::default(),
         volume: Arc::new(volume::VolumeUsage::default()),
     }))
 }

@@ -6,6 +6,7 @@ use serde_json::{Value, json};
 use strata_core::entry::ToolCall;
 use strata_core::session::message_memo::{MessageMemo, Reading};
 use strata_core::session::openai_messages::parse_message;
+use strata_core::session::tool_block::ToolBlocks;
 
 use super::errors::GatewayError;
 use super::provider::ParsedRequest;
@@ -23,8 +24,13 @@ fn bad(message: impl Into<String>) -> GatewayError {
 
 /// Parses a `POST /v1/chat/completions` body; messages equal to the ones `memo` remembers are
 /// taken from it instead of being parsed again.
-pub fn parse_request(body: &Bytes, memo: MessageMemo) -> Result<ParsedRequest, GatewayError> {
+pub fn parse_request(
+    body: &Bytes,
+    memo: MessageMemo,
+    tool_blocks: &ToolBlocks,
+) -> Result<ParsedRequest, GatewayError> {
     let mut split = memo.split(Api::OpenAi, body).map_err(|error| bad(error.to_string()))?;
+    let tools_span = split.tools.clone();
     let mut fields = std::mem::take(&mut split.fields);
     if fields.contains_key("functions") || fields.contains_key("function_call") {
         return Err(bad("`functions`/`function_call` are not supported; use `tools`"));
@@ -45,11 +51,7 @@ pub fn parse_request(body: &Bytes, memo: MessageMemo) -> Result<ParsedRequest, G
         .and_then(|options| options.get("include_usage"))
         .and_then(Value::as_bool)
         .unwrap_or(false);
-    let tools = match fields.get("tools") {
-        None | Some(Value::Null) => Vec::new(),
-        Some(Value::Array(tools)) => tools.clone(),
-        Some(_) => return Err(bad("`tools` must be an array")),
-    };
+    let tools = tool_blocks.read(body, tools_span).map_err(|error| bad(error.to_string()))?;
     for field in CONSUMED_FIELDS {
         fields.remove(field);
     }

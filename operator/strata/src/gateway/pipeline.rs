@@ -24,6 +24,7 @@ use strata_api::agent::SessionMode;
 use strata_core::budget::{BudgetLevel, MaxTokensClamp, OperationId};
 use strata_core::session::message_memo::MessageMemo;
 use strata_core::session::request_keys::KeyRefusal;
+use strata_core::session::tool_block::ToolBlocks;
 use strata_core::session::tool_schema::is_memory_tool;
 use strata_core::session::transparent::ChainHash;
 use strata_core::session::{
@@ -81,6 +82,8 @@ pub struct Gateway {
     /// The last transparent request's messages, so the history a client resends is not parsed
     /// and hashed again.
     pub messages: Mutex<MessageMemo>,
+    /// The last tool block a client sent, parsed once.
+    pub tool_blocks: ToolBlocks,
     /// Bytes used on the data volume.
     pub volume: Arc<super::volume::VolumeUsage>,
     /// Compactions with the policy's summariser model, off the engine.
@@ -199,7 +202,7 @@ async fn prepare(
     // reads all of its messages): each memo is one request's bytes, turns and chains.
     let memo = if transparent { gateway.take_memo() } else { MessageMemo::default() };
     let ParsedRequest { mut request, mut recollection, messages, mut reused_messages } =
-        adapter.parse_request(body, memo)?;
+        adapter.parse_request(body, memo, &gateway.tool_blocks)?;
     if settings.config.session_mode == SessionMode::Stateful && !has_session {
         return Err(GatewayError::BadRequest(format!(
             "this agent's session mode is Stateful: send only the new messages, with an {SESSION_HEADER} header"
@@ -255,7 +258,7 @@ async fn prepare(
         // The journal no longer holds turns the memo took for journaled (a rewind by another
         // conversation's request, a rollback, an edit of a summarised turn): read every message
         // again, whole.
-        let whole = adapter.parse_request(body, MessageMemo::default())?;
+        let whole = adapter.parse_request(body, MessageMemo::default(), &gateway.tool_blocks)?;
         (request, recollection, reused_messages) = (whole.request, whole.recollection, 0);
     };
     if transparent {

@@ -7,6 +7,7 @@ use bytes::Bytes;
 use serde_json::{Map, Value, json};
 use strata_api::agent::Provider;
 use strata_core::session::message_memo::{MessageMemo, ReadMessages, Recollection};
+use strata_core::session::tool_block::ToolBlocks;
 use strata_core::session::{Api, AssistantOutput, ChatRequest, Usage};
 
 use super::errors::GatewayError;
@@ -62,8 +63,14 @@ pub trait ProviderAdapter: Sync {
     fn upstream_path(&self) -> &'static str;
     /// Whether an upstream of `provider` speaks this API.
     fn serves(&self, provider: Provider) -> bool;
-    /// The client's request, parsed; messages equal to those `memo` remembers are taken from it.
-    fn parse_request(&self, body: &Bytes, memo: MessageMemo) -> Result<ParsedRequest, GatewayError>;
+    /// The client's request, parsed; messages equal to those `memo` remembers are taken from it,
+    /// and a tool block equal to the last one `tools` read is that one.
+    fn parse_request(
+        &self,
+        body: &Bytes,
+        memo: MessageMemo,
+        tools: &ToolBlocks,
+    ) -> Result<ParsedRequest, GatewayError>;
     /// A complete (non-streaming) upstream answer, parsed.
     fn parse_answer(&self, value: Value) -> Result<AssistantOutput, GatewayError>;
     /// Whether the answer stopped at its output-token limit.
@@ -159,8 +166,13 @@ impl ProviderAdapter for OpenAiAdapter {
         matches!(provider, Provider::OpenAI | Provider::OpenAICompatible)
     }
 
-    fn parse_request(&self, body: &Bytes, memo: MessageMemo) -> Result<ParsedRequest, GatewayError> {
-        openai::parse_request(body, memo)
+    fn parse_request(
+        &self,
+        body: &Bytes,
+        memo: MessageMemo,
+        tools: &ToolBlocks,
+    ) -> Result<ParsedRequest, GatewayError> {
+        openai::parse_request(body, memo, tools)
     }
 
     fn parse_answer(&self, value: Value) -> Result<AssistantOutput, GatewayError> {
@@ -248,8 +260,13 @@ impl ProviderAdapter for AnthropicAdapter {
         provider == Provider::Anthropic
     }
 
-    fn parse_request(&self, body: &Bytes, memo: MessageMemo) -> Result<ParsedRequest, GatewayError> {
-        anthropic::parse_request(body, memo)
+    fn parse_request(
+        &self,
+        body: &Bytes,
+        memo: MessageMemo,
+        tools: &ToolBlocks,
+    ) -> Result<ParsedRequest, GatewayError> {
+        anthropic::parse_request(body, memo, tools)
     }
 
     fn parse_answer(&self, value: Value) -> Result<AssistantOutput, GatewayError> {
