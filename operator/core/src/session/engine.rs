@@ -936,6 +936,13 @@ impl SessionEngine {
         Ok((Treated { entries: planned.ids.len() as u64, tokens: planned.saved_tokens }, offloaded))
     }
 
+    /// Keeps `tools` as the client's tool block when it is not already the one kept.
+    fn keep_tools(&mut self, tools: &super::tool_block::Tools) {
+        if !Arc::ptr_eq(tools, &self.client_tools) {
+            self.client_tools = Arc::clone(tools);
+        }
+    }
+
     /// Rebuilds Tier 1 when the configured sources, the client's system text or its tools changed.
     /// The lines of the client's system text that carry volatile material (today's date, a time,
     /// a UUID, a counter) move below the cache boundary, beside the Tier-3 telemetry; the stable
@@ -960,13 +967,14 @@ impl SessionEngine {
                 built.revision == settings.revision && built.stable_system == self.system_split.stable
             });
         if unchanged {
+            // An equal block in another allocation (sent with other bytes, or parsed twice by
+            // requests that came together) is kept instead, so the next request's compares at once.
+            self.keep_tools(client_tools);
             return Ok(());
         }
         // Until the new prefix is in force, a failure below leaves it to the next request.
         self.prefix_inputs = None;
-        if !same_tools {
-            self.client_tools = Arc::clone(client_tools);
-        }
+        self.keep_tools(client_tools);
         let configured = &settings.stable_prefix;
         let mut combined: Vec<Value> =
             configured.tools.iter().map(|tool| to_api_shape(self.api, tool)).collect();

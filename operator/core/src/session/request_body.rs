@@ -292,7 +292,7 @@ mod tests {
     #[test]
     fn a_body_resumed_after_its_known_messages_splits_as_the_whole_body_does() {
         let earlier = br#"{"model":"m","messages":[{"a":1}, {"b":2}],"stream":true}"#;
-        let cases: [&[u8]; 11] = [
+        let cases: [&[u8]; 13] = [
             br#"{"model":"m","messages":[{"a":1}, {"b":2}.5]}"#,
             br#"{"model":"m","messages":[{"a":1}, {"b":2}e5]}"#,
             br#"{"model":"m","messages":[{"a":1}, {"b":2}E+1,{"c":3}]}"#,
@@ -304,6 +304,8 @@ mod tests {
             br#"{"model":"m","messages":[{"a":1}],"stream":true}"#,
             br#"{"model":"m","messages":[{"a":1}, {"b":2}],"messages":[{"z":0}]}"#,
             br#"{"model":"m","messages":[{"a":1}, {"b":2}, {"c":}]}"#,
+            br#"{"model":"m","messages":[{"a":1}, {"b":2}],"tools":[{"n":1}]}"#,
+            br#"{"model":"m","messages":[{"a":1}, {"b":2}, {"c":3}],"tools":[],"tools":null}"#,
         ];
         for later in cases {
             let whole = split_body(later);

@@ -17,8 +17,10 @@ pub enum ToolBlockError {
     /// Not an array (nor null).
     #[error("`tools` must be an array")]
     NotAnArray,
-    /// Not JSON (the body was checked before, so this names a body changed under the reader).
-    #[error("`tools` is not valid JSON: {0}")]
+    /// Not JSON. Finding where the block ends checks less than parsing it (a lone surrogate
+    /// escape passes, for one), so this is where such a body is refused; the position is within
+    /// the block.
+    #[error("request body is not valid JSON in `tools`: {0} (counted from the start of `tools`)")]
     NotJson(serde_json::Error),
 }
 
@@ -53,6 +55,10 @@ impl ToolBlocks {
             _ => return Err(ToolBlockError::NotAnArray),
         };
         let mut last = self.last.lock().unwrap_or_else(PoisonError::into_inner);
+        if last.bytes == bytes {
+            // Another request parsed the same block meanwhile: one shared value for both.
+            return Ok(Arc::clone(&last.tools));
+        }
         bytes.clone_into(&mut last.bytes);
         last.tools = Arc::clone(&tools);
         Ok(tools)
@@ -95,5 +101,9 @@ mod tests {
         let object = r#"{"tools":{"name":"read"}}"#;
         let error = blocks.read(object.as_bytes(), span_of(object, r#"{"name":"read"}"#)).unwrap_err();
         assert_eq!(error.to_string(), "`tools` must be an array");
+        // A lone surrogate passes the splitter's skip over the block and is refused here.
+        let surrogate = r#"{"tools":["\ud800"]}"#;
+        let error = blocks.read(surrogate.as_bytes(), span_of(surrogate, r#"["\ud800"]"#)).unwrap_err();
+        assert!(error.to_string().starts_with("request body is not valid JSON in `tools`"), "{error}");
     }
 }
