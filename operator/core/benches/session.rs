@@ -18,7 +18,8 @@ use serde_json::Map;
 use strata_core::budget::OperationId;
 use strata_core::entry::{Content, Role};
 use strata_core::replay::tool_set::synthetic_tool_set;
-use strata_core::session::tool_block::Tools;
+use strata_core::session::message_memo::MessageMemo;
+use strata_core::session::tool_block::{ToolBlocks, Tools};
 use strata_core::session::{
     Api, AssistantOutput, ChatRequest, SessionEngine, SessionSettings, Turn, TurnOutcome, TurnRequest,
 };
@@ -112,13 +113,43 @@ fn measure(c: &mut Criterion, name: &str, settings: &SessionSettings, sizes: &[u
     group.finish();
 }
 
+/// Times what the gateway does to a Stateful body before the engine, apart from parsing its new
+/// message: the top-level split and taking the tool block (the same bytes as the last request's,
+/// so the kept value). `tools_first` puts the block before `messages`, as some clients do.
+fn measure_body_read(c: &mut Criterion, tools: &[serde_json::Value]) {
+    let block = serde_json::to_string(tools).unwrap();
+    let mut group = c.benchmark_group("stateful_body_read_20k_tool_tokens");
+    group.sample_size(30).measurement_time(Duration::from_secs(4));
+    for tools_first in [false, true] {
+        let message = r#"{"role":"user","content":"What changed since the last step?"}"#;
+        let body = if tools_first {
+            format!(r#"{{"model":"m","tools":{block},"messages":[{message}],"stream":false}}"#)
+        } else {
+            format!(r#"{{"model":"m","messages":[{message}],"tools":{block},"stream":false}}"#)
+        };
+        let blocks = ToolBlocks::default();
+        let memo = MessageMemo::default();
+        let read = |body: &[u8]| {
+            let split = memo.split(Api::OpenAi, body, blocks.last_bytes().as_deref()).unwrap();
+            let tools = blocks.read(body, split.tools.clone()).unwrap();
+            (split.messages.len(), tools.len())
+        };
+        read(body.as_bytes());
+        let name = if tools_first { "tools_before_messages" } else { "tools_after_messages" };
+        group.bench_function(name, |b| b.iter(|| read(std::hint::black_box(body.as_bytes()))));
+    }
+    group.finish();
+}
+
 fn bench_session(c: &mut Criterion) {
     let no_tools = Tools::default();
     measure(c, "stateful_request_engine_work", &settings(Api::OpenAi), &[1_000, 50_000, 200_000], &no_tools);
     // A coding agent's client sends its whole tool block with every request (about 20k tokens for
     // Claude Code with a few connectors); the engine must notice it is unchanged cheaply.
     let counter = TokenCounter::new(TokenizerKind::O200kBase).unwrap();
-    let tools: Tools = synthetic_tool_set(20_000, &counter).into();
+    let tool_set = synthetic_tool_set(20_000, &counter);
+    measure_body_read(c, &tool_set);
+    let tools: Tools = tool_set.into();
     measure(c, "stateful_request_engine_work_20k_tool_tokens", &settings(Api::Anthropic), &[1_000], &tools);
 }
 

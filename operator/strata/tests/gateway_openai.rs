@@ -390,10 +390,15 @@ async fn identical_tool_less_requests_are_answered_from_the_response_cache() {
 async fn a_tool_block_sent_again_is_kept_and_a_changed_one_reaches_the_upstream() {
     let fake = FakeUpstream::start().await;
     let gateway = Harness::start(&fake, Provider::OpenAI, |_| {}).await;
-    let tool = |name: &str| json!({"type": "function", "function": {"name": name, "parameters": {"type": "object"}}});
+    // Long descriptions, as a coding agent's schemas have: a block this size is found by its bytes
+    // and read around rather than scanned.
+    let tool = |name: &str| {
+        let description = format!("{name}: ").repeat(600);
+        json!({"type": "function", "function": {"name": name, "description": description, "parameters": {"type": "object"}}})
+    };
     let mut history = vec![json!({"role": "user", "content": "Hello"})];
-    // The tool block before the messages in one request and after them in the next: the same
-    // bytes wherever they lie are the same block.
+    // The tool block before the messages in one request and after them in the next (the body is
+    // sent as written, keys in that order): the same bytes wherever they lie are the same block.
     let mut send = |tools: Value, tools_first: bool| {
         let text = serde_json::to_string(&history).unwrap();
         let tools = serde_json::to_string(&tools).unwrap();
@@ -402,25 +407,39 @@ async fn a_tool_block_sent_again_is_kept_and_a_changed_one_reaches_the_upstream(
         } else {
             format!(r#"{{"messages":{text},"tools":{tools}}}"#)
         };
+        let last_user = history[history.len() - 1]["content"].clone();
         history.push(json!({"role": "assistant", "content": "ok"}));
         history.push(json!({"role": "user", "content": format!("And now {}?", history.len())}));
-        serde_json::from_str::<Value>(&body).unwrap()
+        (body, last_user)
     };
     let memory = ["strata_purge", "strata_compact_context", "strata_read_output"];
+    let read_write = || json!([tool("read"), tool("write")]);
+    assert!(read_write().to_string().len() > 4096, "long enough to be read around");
     for (tools, tools_first, expected) in [
-        (json!([tool("read"), tool("write")]), true, vec!["read", "write"]),
-        (json!([tool("read"), tool("write")]), false, vec!["read", "write"]),
-        (json!([tool("read"), tool("write")]), true, vec!["read", "write"]),
+        (read_write(), true, vec!["read", "write"]),
+        (read_write(), false, vec!["read", "write"]),
+        (read_write(), true, vec!["read", "write"]),
         (json!([tool("grep")]), true, vec!["grep"]),
         (json!(null), false, vec![]),
-        (json!([tool("read"), tool("write")]), true, vec!["read", "write"]),
+        (read_write(), true, vec!["read", "write"]),
+        (read_write(), false, vec!["read", "write"]),
     ] {
-        let body = send(tools, tools_first);
-        let (status, answer) = gateway.post_json(CHAT, &body, &[]).await;
+        let (body, sent_last) = send(tools, tools_first);
+        let (status, answer) = gateway.post_text_json(CHAT, body.clone()).await;
         assert_eq!(status, 200, "{answer}");
         let mut wanted: Vec<&str> = expected.clone();
         wanted.extend(memory);
-        assert_eq!(tool_names(&fake.last()), wanted, "{body}");
+        let upstream = fake.last();
+        assert_eq!(tool_names(&upstream), wanted, "{}", &body[..body.len().min(300)]);
+        let sent_description = &upstream["tools"][0]["function"]["description"];
+        if let Some(first) = expected.first() {
+            assert_eq!(sent_description, &tool(first)["function"]["description"], "the schemas whole");
+        }
+        let last_user =
+            upstream["messages"].as_array().unwrap().iter().rev().find(|m| m["role"] == "user").cloned();
+        let last_user = last_user.unwrap()["content"].as_str().unwrap().to_owned();
+        // The upstream sees the message under its memory ID (`[msg_N] …`).
+        assert!(last_user.ends_with(&format!("] {}", sent_last.as_str().unwrap())), "{last_user}");
     }
     let body = json!({"messages": [{"role": "user", "content": "Hi"}], "tools": {"read": true}});
     let (status, answer) = gateway.post_json(CHAT, &body, &[]).await;

@@ -9,6 +9,7 @@
 //! The anchor policies rebuild their prompt from the messages as published (see [`super::policies`]).
 
 use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
 
 use regex::Regex;
 use serde::Serialize;
@@ -18,6 +19,7 @@ use crate::artifacts::ArtifactRef;
 use crate::budget::{BudgetPolicy, OperationId};
 use crate::entry::Role;
 use crate::session::openai_messages::{parse_message, parse_messages};
+use crate::session::tool_block::Tools;
 use crate::session::tool_schema::is_memory_tool;
 use crate::session::{
     Api, AssistantOutput, ChatRequest, ContextEvent, SessionEngine, SessionSettings, TurnOutcome,
@@ -575,10 +577,12 @@ fn marker_pattern() -> Option<Regex> {
 }
 
 /// The request a client sends for the call whose prompt is `messages` (its whole history).
-fn client_request(messages: &[Value], tools: &[Value]) -> Result<ChatRequest, String> {
+/// Every call shares one `tools` value, as the gateway's requests do when a client resends the
+/// same block, so the engine compares a pointer instead of the whole block.
+fn client_request(messages: &[Value], tools: &Tools) -> Result<ChatRequest, String> {
     let parsed = parse_messages(messages)?;
     Ok(ChatRequest {
-        tools: tools.into(),
+        tools: Arc::clone(tools),
         ..ChatRequest::plain(Api::OpenAi, parsed.system.join("\n\n"), parsed.turns)
     })
 }
@@ -634,9 +638,10 @@ pub(crate) fn replay_strata_with(
     let mut stored: Vec<(ArtifactRef, String)> = Vec::new();
     let mut tracker = ReadBackTracker::new();
     let reserved = reserved(&settings.budget);
+    let tools: Tools = options.tools.as_slice().into();
     for (call, &(end, _)) in transcript.calls.iter().enumerate() {
         let now = times[call];
-        let request = client_request(&wires[..end], &options.tools).map_err(|e| fail(call, e))?;
+        let request = client_request(&wires[..end], &tools).map_err(|e| fail(call, e))?;
         let turn = TurnRequest {
             request: &request,
             transparent: true,

@@ -6,7 +6,7 @@
 //! the model needs between batches (`strata_load_tools`, or a call of a summarised tool) is
 //! delivered as a tool result appended to the history, which leaves the cached prompt intact.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
@@ -113,62 +113,47 @@ pub fn rank(tools: &[Value], query: &str) -> Vec<String> {
     ToolRanking::new(tools).rank(query)
 }
 
-/// One tool's words, split once.
-#[derive(Debug, Clone, Default)]
-struct RankedTool {
-    name: String,
-    name_words: BTreeSet<String>,
-    description_words: BTreeSet<String>,
-}
-
-/// The words of a tool list, split once, so that each new request is ranked ([`rank`]) without
-/// splitting every tool's description again: a coding agent's tool block is tens of thousands of
-/// tokens, and a client sends it with every request.
+/// The words of a tool list, split once and indexed by word, so that each new request is ranked
+/// ([`rank`]) by looking up its own few words: a coding agent's tool block is tens of thousands
+/// of tokens, and a client sends it with every request.
 #[derive(Debug, Clone, Default)]
 pub struct ToolRanking {
-    tools: Vec<RankedTool>,
+    /// The named tools' names, in list order.
+    names: Vec<String>,
+    /// For each word, the tools that have it and what it scores there: 3 in the name, else 1.
+    postings: HashMap<String, Vec<(usize, u64)>>,
 }
 
 impl ToolRanking {
     /// Splits the names and descriptions of `tools` (tools without a name are left out).
     pub fn new(tools: &[Value]) -> Self {
-        let tools = tools
-            .iter()
-            .filter_map(|tool| {
-                let name = tool_name(tool)?;
-                Some(RankedTool {
-                    name: name.to_owned(),
-                    name_words: words(name).into_iter().collect(),
-                    description_words: words(description(tool)).into_iter().collect(),
-                })
-            })
-            .collect();
-        ToolRanking { tools }
+        let mut ranking = ToolRanking::default();
+        for tool in tools {
+            let Some(name) = tool_name(tool) else { continue };
+            let index = ranking.names.len();
+            ranking.names.push(name.to_owned());
+            let mut scores: BTreeMap<String, u64> =
+                words(description(tool)).into_iter().map(|word| (word, 1)).collect();
+            scores.extend(words(name).into_iter().map(|word| (word, 3)));
+            for (word, score) in scores {
+                ranking.postings.entry(word).or_default().push((index, score));
+            }
+        }
+        ranking
     }
 
     /// The tools' names ranked against `query`, as [`rank`] ranks them.
     pub fn rank(&self, query: &str) -> Vec<String> {
         let query: BTreeSet<String> = words(query).into_iter().collect();
-        let mut scored: Vec<(u64, usize, &str)> = self
-            .tools
-            .iter()
-            .enumerate()
-            .filter_map(|(index, tool)| {
-                let score: u64 = query
-                    .iter()
-                    .map(|word| {
-                        if tool.name_words.contains(word) {
-                            3
-                        } else {
-                            u64::from(tool.description_words.contains(word))
-                        }
-                    })
-                    .sum();
-                (score > 0).then_some((score, index, tool.name.as_str()))
-            })
-            .collect();
+        let mut scores: BTreeMap<usize, u64> = BTreeMap::new();
+        for postings in query.iter().filter_map(|word| self.postings.get(word)) {
+            for &(index, score) in postings {
+                *scores.entry(index).or_default() += score;
+            }
+        }
+        let mut scored: Vec<(u64, usize)> = scores.into_iter().map(|(index, score)| (score, index)).collect();
         scored.sort_by(|a, b| b.0.cmp(&a.0).then(a.1.cmp(&b.1)));
-        scored.into_iter().map(|(_, _, name)| name.to_owned()).collect()
+        scored.into_iter().map(|(_, index)| self.names[index].clone()).collect()
     }
 }
 
@@ -343,6 +328,38 @@ mod tests {
         );
         assert_eq!(rank(&tools(), "fetch the page"), ["WebFetch"]);
         assert!(rank(&tools(), "xy").is_empty());
+    }
+
+    proptest::proptest! {
+        /// The index ranks as scoring every tool against every query word would: 3 for a word of
+        /// the name, else 1 for a word of the description, best first, then in list order.
+        #[test]
+        fn the_index_ranks_as_scoring_every_tool_does(
+            names in proptest::collection::vec("(read|write|file|grep|web)(_(read|page|file))?", 0..8),
+            descriptions in proptest::collection::vec("((read|page|file|shell|web|the) ){0,5}", 8),
+            query in "((read|page|file|shell|web|grep|Read|the) ){0,6}",
+        ) {
+            let tools: Vec<Value> = names
+                .iter()
+                .zip(&descriptions)
+                .map(|(name, description)| json!({"name": name, "description": description}))
+                .collect();
+            let asked: BTreeSet<String> = words(&query).into_iter().collect();
+            let mut expected: Vec<(u64, usize, String)> = Vec::new();
+            for (index, (name, description)) in names.iter().zip(&descriptions).enumerate() {
+                let (name_words, description_words) = (words(name), words(description));
+                let score: u64 = asked
+                    .iter()
+                    .map(|word| if name_words.contains(word) { 3 } else { u64::from(description_words.contains(word)) })
+                    .sum();
+                if score > 0 {
+                    expected.push((score, index, name.clone()));
+                }
+            }
+            expected.sort_by(|a, b| b.0.cmp(&a.0).then(a.1.cmp(&b.1)));
+            let expected: Vec<String> = expected.into_iter().map(|(_, _, name)| name).collect();
+            proptest::prop_assert_eq!(rank(&tools, &query), expected);
+        }
     }
 
     #[test]

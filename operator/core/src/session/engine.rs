@@ -966,15 +966,14 @@ impl SessionEngine {
             && self.prefix_inputs.as_ref().is_some_and(|built| {
                 built.revision == settings.revision && built.stable_system == self.system_split.stable
             });
+        // An equal block in another allocation (sent with other bytes, or parsed twice by requests
+        // that came together) is kept too, so the next request's compares at once.
+        self.keep_tools(client_tools);
         if unchanged {
-            // An equal block in another allocation (sent with other bytes, or parsed twice by
-            // requests that came together) is kept instead, so the next request's compares at once.
-            self.keep_tools(client_tools);
             return Ok(());
         }
         // Until the new prefix is in force, a failure below leaves it to the next request.
         self.prefix_inputs = None;
-        self.keep_tools(client_tools);
         let configured = &settings.stable_prefix;
         let mut combined: Vec<Value> =
             configured.tools.iter().map(|tool| to_api_shape(self.api, tool)).collect();

@@ -35,7 +35,7 @@ use bytes::Bytes;
 use serde_json::{Map, Value};
 use twox_hash::XxHash3_128;
 
-use super::request_body::{BodyError, KnownOpening, SplitBody, split_body, split_body_after};
+use super::request_body::{BodyError, KnownOpening, SplitBody, split_body_after, split_body_known};
 use super::transparent::ChainHash;
 use super::turn::{Api, Turn};
 use crate::entry::{Content, Role};
@@ -125,8 +125,9 @@ fn digest(bytes: &[u8]) -> u128 {
 
 impl MessageMemo {
     /// Splits `body` (on `api`) at its top level; when it opens with the same bytes as the
-    /// remembered body, only what follows the shared messages is read.
-    pub fn split(&self, api: Api, body: &[u8]) -> Result<SplitBody, BodyError> {
+    /// remembered body, only what follows the shared messages is read. `known_tools`, the last
+    /// request's tool block, is read around where the body carries it unchanged.
+    pub fn split(&self, api: Api, body: &[u8], known_tools: Option<&[u8]>) -> Result<SplitBody, BodyError> {
         if self.api == Some(api)
             && let Some(opening) = &self.opening
         {
@@ -153,10 +154,10 @@ impl MessageMemo {
                     fields: &opening.fields,
                     tools: opening.tools.clone(),
                 };
-                return split_body_after(body, &known);
+                return split_body_after(body, &known, known_tools);
             }
         }
-        split_body(body)
+        split_body_known(body, known_tools)
     }
 
     /// Reads the messages of `body` (on `api`, as this memo's [`Self::split`] found them): the
@@ -290,7 +291,7 @@ mod tests {
     /// Reads OpenAI-like messages of `{"role", "content"}`, counting the messages parsed.
     fn read(memo: MessageMemo, body: &str, parsed: &mut usize) -> ReadMessages {
         let body = Bytes::from(body.to_owned());
-        let split = memo.split(Api::OpenAi, &body).unwrap();
+        let split = memo.split(Api::OpenAi, &body, None).unwrap();
         memo.read(Api::OpenAi, &body, split, |_, raw| {
             *parsed += 1;
             let value: serde_json::Value = serde_json::from_slice(raw).unwrap();
@@ -387,7 +388,7 @@ mod tests {
         let chains = chains_of(&read_edited.turns);
         let memo = read_edited.recollection.remember(read_edited.turns, chains);
         let body = Bytes::from(edited.to_owned());
-        let split = memo.split(Api::Anthropic, &body).unwrap();
+        let split = memo.split(Api::Anthropic, &body, None).unwrap();
         let other_api =
             memo.read(Api::Anthropic, &body, split, |_, _| Ok::<_, String>(Reading::default())).unwrap();
         assert_eq!(other_api.reused_messages, 0, "a memo of the OpenAI API is not used for Anthropic");
@@ -484,7 +485,7 @@ mod tests {
     #[test]
     fn a_failed_read_is_returned_as_is() {
         let body = Bytes::from_static(br#"{"messages":[{"role":"user","content":"a"}]}"#);
-        let split = MessageMemo::default().split(Api::OpenAi, &body).unwrap();
+        let split = MessageMemo::default().split(Api::OpenAi, &body, None).unwrap();
         let failed = MessageMemo::default().read(Api::OpenAi, &body, split, |index, _| {
             Err::<Reading, _>(format!("messages[{index}]: refused"))
         });

@@ -26,6 +26,7 @@ mod state;
 pub mod sweep;
 pub mod tool_block;
 pub mod tool_schema;
+mod tool_splice;
 pub mod transparent;
 pub mod turn;
 

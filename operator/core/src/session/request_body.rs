@@ -8,6 +8,8 @@ use serde::de::{self, Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor};
 use serde_json::value::RawValue;
 use serde_json::{Map, Value};
 
+use super::tool_splice::Splice;
+
 /// A request body split at its top level.
 #[derive(Debug)]
 pub struct SplitBody {
@@ -81,30 +83,71 @@ pub fn split_body(body: &[u8]) -> Result<SplitBody, BodyError> {
     }
 }
 
+/// [`split_body`] of a body that may carry `known_tools`, the last request's tool block, as its
+/// top-level `tools`: the block's bytes are then found and read around, not scanned
+/// ([`Splice`]). Anything else is split whole, so errors name their place in the client's body.
+pub fn split_body_known(body: &[u8], known_tools: Option<&[u8]>) -> Result<SplitBody, BodyError> {
+    if let Some(splice) = Splice::find(body, known_tools, 0) {
+        let mut spliced = Vec::with_capacity(body.len() + 2 - known_tools.map_or(0, <[u8]>::len));
+        splice.write_spliced(body, 0, &mut spliced);
+        if let Some(split) = split_body(&spliced).ok().and_then(|split| restored(split, &splice)) {
+            return Ok(split);
+        }
+    }
+    split_body(body)
+}
+
+/// The split of a spliced body as the split of the body, when the stand-in was the body's
+/// top-level `tools` (the last one): a JSON value in place of another leaves the rest of the
+/// body reading the same, so every span maps back. None otherwise (the block's bytes lay
+/// elsewhere, say inside a message).
+fn restored(split: SplitBody, splice: &Splice) -> Option<SplitBody> {
+    (split.tools == Some(splice.stand_in())).then(|| SplitBody {
+        messages: split.messages.iter().map(|span| splice.restore(span.clone())).collect(),
+        tools: Some(splice.restore(splice.stand_in())),
+        opening_tools: split.opening_tools.clone().map(|span| splice.restore(span)),
+        ..split
+    })
+}
+
 /// What the split of a body resumed after its known opening starts with: the parser's state just
 /// after an object in `messages` (the placeholder `{}`), as it is after the last known message. An
 /// object, not a number: after a number the parser would still take `.5` or `e5` as part of it.
 const RESUMED_OPENING: &[u8] = b"{\"messages\":[{}";
 
-/// [`split_body`] for a body whose opening is `known`: only the bytes after the known messages are
-/// read. A deterministic parser is in the same state after equal bytes, and when the last known
-/// message is an object (it ends in `}`, checked here) that state is the placeholder's, so what
-/// follows is read exactly as a split of the whole body would read it. Any other outcome (an error,
-/// `messages` again) is left to a split of the whole body, so errors name their place in the
-/// client's body.
-pub fn split_body_after(body: &[u8], known: &KnownOpening<'_>) -> Result<SplitBody, BodyError> {
+/// [`split_body_known`] for a body whose opening is `known`: only the bytes after the known
+/// messages are read (and a known tool block among them is read around). A deterministic parser
+/// is in the same state after equal bytes, and when the last known message is an object (it ends
+/// in `}`, checked here) that state is the placeholder's, so what follows is read exactly as a
+/// split of the whole body would read it. Any other outcome (an error, `messages` again) is left
+/// to a split of the whole body, so errors name their place in the client's body.
+pub fn split_body_after(
+    body: &[u8],
+    known: &KnownOpening<'_>,
+    known_tools: Option<&[u8]>,
+) -> Result<SplitBody, BodyError> {
     let ends_an_object = known.end.checked_sub(1).and_then(|last| body.get(last)) == Some(&b'}');
     let Some(rest) = body.get(known.end..).filter(|_| !known.spans.is_empty() && ends_an_object) else {
-        return split_body(body);
+        return split_body_known(body, known_tools);
     };
+    let splice = Splice::find(rest, known_tools, known.end);
+    resume(rest, known, splice.as_ref()).map_or_else(|| split_body(body), Ok)
+}
+
+/// The split of the body whose bytes after `known` are `rest`, read with `splice` applied to
+/// them; None when that reading differs from a split of the whole (see [`split_body_after`]).
+fn resume(rest: &[u8], known: &KnownOpening<'_>, splice: Option<&Splice>) -> Option<SplitBody> {
     let mut resumed = Vec::with_capacity(RESUMED_OPENING.len() + rest.len());
     resumed.extend_from_slice(RESUMED_OPENING);
-    resumed.extend_from_slice(rest);
-    let top = match serde_json::from_slice::<TopLevel<'_>>(&resumed) {
-        Ok(top) if top.messages_keys == 1 && top.before_messages.is_empty() => top,
-        _ => return split_body(body),
-    };
-    let Some(Messages::Array(tail)) = top.messages else { return split_body(body) };
+    match splice {
+        Some(splice) => splice.write_spliced(rest, known.end, &mut resumed),
+        None => resumed.extend_from_slice(rest),
+    }
+    let top = serde_json::from_slice::<TopLevel<'_>>(&resumed).ok()?;
+    if top.messages_keys != 1 || !top.before_messages.is_empty() {
+        return None;
+    }
+    let Some(Messages::Array(tail)) = top.messages else { return None };
     let mut messages = Vec::with_capacity(known.spans.len() + tail.len().saturating_sub(1));
     messages.extend_from_slice(known.spans);
     // The first element is the placeholder; the others lie in `rest`, which starts at `end`.
@@ -114,14 +157,18 @@ pub fn split_body_after(body: &[u8], known: &KnownOpening<'_>) -> Result<SplitBo
     fields.extend(top.fields);
     // A `tools` after the messages wins over one in the opening, as a later key does.
     let tools = top.tools.map(|raw| span(&resumed, raw, shift)).or_else(|| known.tools.clone());
-    Ok(SplitBody {
+    let split = SplitBody {
         messages,
         fields,
         opening: Some(known.fields.clone()),
         known: known.spans.len(),
         tools,
         opening_tools: known.tools.clone(),
-    })
+    };
+    match splice {
+        Some(splice) => restored(split, splice),
+        None => Some(split),
+    }
 }
 
 /// Where `raw`, read from `input`, lies, moved by `shift` (the offset of `input` in the body).
@@ -271,11 +318,20 @@ mod tests {
 
     /// Splits `later` after the messages it shares with `earlier`, as the memo does.
     fn split_after(earlier: &[u8], later: &[u8]) -> Result<SplitBody, BodyError> {
+        split_after_known(earlier, later, None)
+    }
+
+    /// [`split_after`] with the last request's tool block known.
+    fn split_after_known(
+        earlier: &[u8],
+        later: &[u8],
+        known_tools: Option<&[u8]>,
+    ) -> Result<SplitBody, BodyError> {
         let first = split_body(earlier).unwrap();
         let common = earlier.iter().zip(later).take_while(|(a, b)| a == b).count();
         let known = first.messages.partition_point(|span| span.end <= common);
         if known == 0 {
-            return split_body(later);
+            return split_body_known(later, known_tools);
         }
         let fields = first.opening.unwrap();
         split_body_after(
@@ -286,6 +342,7 @@ mod tests {
                 fields: &fields,
                 tools: first.opening_tools.clone(),
             },
+            known_tools,
         )
     }
 
@@ -323,38 +380,88 @@ mod tests {
         }
     }
 
+    /// A tool block long enough to be spliced, as a coding agent resends it.
+    fn long_block() -> String {
+        format!(
+            r#"[{{"name":"read","description":"{}"}}]"#,
+            "d".repeat(crate::session::tool_splice::SPLICED_FROM_BYTES)
+        )
+    }
+
+    fn assert_same_split(
+        whole: Result<SplitBody, BodyError>,
+        other: Result<SplitBody, BodyError>,
+        text: &str,
+    ) {
+        match (whole, other) {
+            (Ok(whole), Ok(other)) => {
+                assert_eq!(whole.messages, other.messages, "{text}");
+                assert_eq!(whole.fields, other.fields, "{text}");
+                assert_eq!(whole.opening, other.opening, "{text}");
+                assert_eq!(whole.tools, other.tools, "{text}");
+                assert_eq!(whole.opening_tools, other.opening_tools, "{text}");
+            }
+            (Err(whole), Err(other)) => assert_eq!(whole.to_string(), other.to_string(), "{text}"),
+            (whole, other) => panic!("{text}: {whole:?} against {other:?}"),
+        }
+    }
+
     proptest::proptest! {
-        /// Resuming after the shared opening splits any later body as splitting it whole does.
+        /// Resuming after the shared opening splits any later body as splitting it whole does,
+        /// and so does reading around the last request's tool block, resumed or whole.
         #[test]
         fn resuming_equals_splitting_whole(
             messages in proptest::collection::vec("[a-c]{0,2}", 1..6),
+            long_tools in proptest::bool::ANY,
             edit in 0usize..80,
-            insert in proptest::sample::select(vec!["", " ", ",", "]", "}", "\"x\"", "{", "[1]", ",\"messages\":[]", ",\"tools\":[2]", ".5", "e5", "E+1", "0", "-"]),
+            insert in proptest::sample::select(vec!["", " ", ",", "]", "}", "\"x\"", "{", "[1]", ",\"messages\":[]", ",\"tools\":[2]", ",\"tools\":LONG", ",\"x\":LONG", ".5", "e5", "E+1", "0", "-"]),
             cut in 0usize..80,
         ) {
+            let block = if long_tools { long_block() } else { r#"[{"n":1}]"#.to_owned() };
             let list: Vec<String> = messages.iter().map(|text| format!(r#"{{"c":"{text}"}}"#)).collect();
-            let earlier = format!(r#"{{"model":"m","tools":[{{"n":1}}],"messages":[{}],"stream":true}}"#, list.join(","));
+            let earlier = format!(r#"{{"model":"m","tools":{block},"messages":[{}],"stream":true}}"#, list.join(","));
             // The later body: the earlier one with something inserted and a tail cut off and regrown.
             let mut later = earlier.clone().into_bytes();
             let at = edit.min(later.len());
-            later.splice(at..at, insert.bytes());
+            later.splice(at..at, insert.replace("LONG", &long_block()).bytes());
             let keep = later.len().saturating_sub(cut % 8);
             later.truncate(keep);
             later.extend_from_slice(&earlier.as_bytes()[keep.min(earlier.len())..]);
-            let whole = split_body(&later);
-            let resumed = split_after(earlier.as_bytes(), &later);
-            match (whole, resumed) {
-                (Ok(whole), Ok(resumed)) => {
-                    proptest::prop_assert_eq!(whole.messages, resumed.messages);
-                    proptest::prop_assert_eq!(whole.fields, resumed.fields);
-                    proptest::prop_assert_eq!(whole.opening, resumed.opening);
-                    proptest::prop_assert_eq!(whole.tools, resumed.tools);
-                    proptest::prop_assert_eq!(whole.opening_tools, resumed.opening_tools);
-                }
-                (Err(whole), Err(resumed)) => proptest::prop_assert_eq!(whole.to_string(), resumed.to_string()),
-                (whole, resumed) => proptest::prop_assert!(false, "{:?} against {:?}", whole, resumed),
-            }
+            let text = String::from_utf8_lossy(&later).into_owned();
+            assert_same_split(split_body(&later), split_after(earlier.as_bytes(), &later), &text);
+            let known = Some(block.as_bytes());
+            assert_same_split(split_body(&later), split_after_known(earlier.as_bytes(), &later, known), &text);
+            assert_same_split(split_body(&later), split_body_known(&later, known), &text);
         }
+    }
+
+    #[test]
+    fn a_known_tool_block_is_read_around_wherever_the_body_carries_it() {
+        let block = long_block();
+        let known = Some(block.as_bytes());
+        let cases = [
+            format!(r#"{{"model":"m","messages":[{{"a":1}}],"tools":{block}}}"#),
+            format!(r#"{{"tools":{block},"model":"m","messages":[{{"a":1}}]}}"#),
+            format!(r#"{{"tools":{block},"messages":[{{"a":1}}],"tools":{block}}}"#),
+            format!(r#"{{"messages":[{{"a":{block}}}],"tools":{block}}}"#),
+            format!(r#"{{"messages":[{{"a":{block}}}],"tools":[]}}"#),
+            format!(r#"{{"messages":[{{"a":1}}],"tools":[{block}]}}"#),
+            format!(r#"{{"messages":[{{"a":1}}],"tools":{block},"stream":}}"#),
+            format!(r#"{{"messages":{block},"tools":{block}}}"#),
+            r#"{"messages":[{"a":1}],"tools":[]}"#.to_owned(),
+        ];
+        for body in &cases {
+            let text = body.replace(&block, "BLOCK");
+            assert_same_split(split_body(body.as_bytes()), split_body_known(body.as_bytes(), known), &text);
+            let earlier = format!(r#"{{"messages":[{{"a":1}}],"tools":{block}}}"#);
+            assert_same_split(
+                split_body(body.as_bytes()),
+                split_after_known(earlier.as_bytes(), body.as_bytes(), known),
+                &text,
+            );
+        }
+        let first = split_body_known(cases[0].as_bytes(), known).unwrap();
+        assert_eq!(&cases[0].as_bytes()[first.tools.unwrap()], block.as_bytes());
     }
 
     #[test]

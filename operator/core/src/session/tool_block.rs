@@ -27,7 +27,7 @@ pub enum ToolBlockError {
 /// The last tool block read: its bytes and its value.
 #[derive(Debug, Default)]
 struct LastBlock {
-    bytes: Vec<u8>,
+    bytes: Arc<[u8]>,
     tools: Tools,
 }
 
@@ -38,6 +38,13 @@ pub struct ToolBlocks {
 }
 
 impl ToolBlocks {
+    /// The last block's bytes, for a split to find the block by ([`super::tool_splice`]); None
+    /// before any block was read.
+    pub fn last_bytes(&self) -> Option<Arc<[u8]>> {
+        let last = self.last.lock().unwrap_or_else(PoisonError::into_inner);
+        (!last.bytes.is_empty()).then(|| Arc::clone(&last.bytes))
+    }
+
     /// The tools at `span` of `body` (none when there is no span or the value is null): the
     /// last block's value when the bytes are the same, parsed otherwise (outside the lock) and
     /// remembered.
@@ -45,7 +52,7 @@ impl ToolBlocks {
         let Some(bytes) = span.and_then(|span| body.get(span)) else { return Ok(Tools::default()) };
         {
             let last = self.last.lock().unwrap_or_else(PoisonError::into_inner);
-            if last.bytes == bytes {
+            if *last.bytes == *bytes {
                 return Ok(Arc::clone(&last.tools));
             }
         }
@@ -55,11 +62,11 @@ impl ToolBlocks {
             _ => return Err(ToolBlockError::NotAnArray),
         };
         let mut last = self.last.lock().unwrap_or_else(PoisonError::into_inner);
-        if last.bytes == bytes {
+        if *last.bytes == *bytes {
             // Another request parsed the same block meanwhile: one shared value for both.
             return Ok(Arc::clone(&last.tools));
         }
-        bytes.clone_into(&mut last.bytes);
+        last.bytes = bytes.into();
         last.tools = Arc::clone(&tools);
         Ok(tools)
     }

@@ -17,7 +17,8 @@ use strata_core::session::tool_block::ToolBlocks;
 use strata_core::session::tool_schema::is_memory_tool;
 use strata_core::session::turn::{Api, AssistantOutput, ChatRequest, Turn, Usage, text_of};
 
-const CONSUMED_FIELDS: [&str; 5] = ["messages", "system", "tools", "stream", "model"];
+/// Fields the request is rebuilt from; `tools` never reaches the fields (the splitter keeps its span).
+const CONSUMED_FIELDS: [&str; 4] = ["messages", "system", "stream", "model"];
 
 fn bad(message: impl Into<String>) -> GatewayError {
     GatewayError::BadRequest(message.into())
@@ -117,7 +118,9 @@ pub fn parse_request(
     memo: MessageMemo,
     tool_blocks: &ToolBlocks,
 ) -> Result<ParsedRequest, GatewayError> {
-    let mut split = memo.split(Api::Anthropic, body).map_err(|error| bad(error.to_string()))?;
+    let known_tools = tool_blocks.last_bytes();
+    let mut split =
+        memo.split(Api::Anthropic, body, known_tools.as_deref()).map_err(|error| bad(error.to_string()))?;
     let tools_span = split.tools.clone();
     let mut fields = std::mem::take(&mut split.fields);
     let count = split.messages.len();

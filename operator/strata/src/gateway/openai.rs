@@ -16,7 +16,8 @@ use strata_core::session::tool_schema::{COMPACT_TOOL_NAME, PURGE_TOOL_NAME, is_m
 use strata_core::session::turn::{Api, AssistantOutput, ChatRequest, Usage, text_of};
 use strata_core::tool_output::READ_OUTPUT_TOOL_NAME;
 
-const CONSUMED_FIELDS: [&str; 5] = ["messages", "tools", "stream", "stream_options", "model"];
+/// Fields the request is rebuilt from; `tools` never reaches the fields (the splitter keeps its span).
+const CONSUMED_FIELDS: [&str; 4] = ["messages", "stream", "stream_options", "model"];
 
 fn bad(message: impl Into<String>) -> GatewayError {
     GatewayError::BadRequest(message.into())
@@ -29,7 +30,9 @@ pub fn parse_request(
     memo: MessageMemo,
     tool_blocks: &ToolBlocks,
 ) -> Result<ParsedRequest, GatewayError> {
-    let mut split = memo.split(Api::OpenAi, body).map_err(|error| bad(error.to_string()))?;
+    let known_tools = tool_blocks.last_bytes();
+    let mut split =
+        memo.split(Api::OpenAi, body, known_tools.as_deref()).map_err(|error| bad(error.to_string()))?;
     let tools_span = split.tools.clone();
     let mut fields = std::mem::take(&mut split.fields);
     if fields.contains_key("functions") || fields.contains_key("function_call") {

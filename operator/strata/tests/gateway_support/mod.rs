@@ -585,6 +585,15 @@ impl Harness {
         (status, response.text().await.unwrap())
     }
 
+    /// POSTs `body` as it is (its keys in the order written) and parses a JSON answer.
+    pub async fn post_text_json(&self, path: &str, body: String) -> (u16, Value) {
+        let request = self.client.post(self.url(path)).header("content-type", "application/json").body(body);
+        let response = request.send().await.unwrap();
+        let status = response.status().as_u16();
+        let text = response.text().await.unwrap();
+        (status, serde_json::from_str(&text).unwrap_or_else(|_| panic!("not JSON: {text}")))
+    }
+
     /// POSTs JSON and parses a JSON answer.
     pub async fn post_json(&self, path: &str, body: &Value, headers: &[(&str, &str)]) -> (u16, Value) {
         let (status, text) = self.post(path, body, headers).await;
