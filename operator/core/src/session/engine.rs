@@ -452,8 +452,9 @@ pub struct SessionEngine {
     tool_view: ToolView,
     /// The client's tools as last presented (re-shaped when the view grows).
     client_tools: super::tool_block::Tools,
-    /// The configured and client tools in their stable order, unshaped.
-    ordered_tools: Vec<Value>,
+    /// The configured and client tools in their stable order, unshaped: the client's block itself,
+    /// shared, when that is what they are (no configured tools, the client's order).
+    ordered_tools: super::tool_block::Tools,
     /// The words of `ordered_tools`, split when a request first ranks them.
     tool_ranking: Option<ToolRanking>,
     /// The tool block at the last shaping.
@@ -616,7 +617,7 @@ impl SessionEngine {
             asked: None,
             tool_view,
             client_tools: Default::default(),
-            ordered_tools: Vec::new(),
+            ordered_tools: super::tool_block::Tools::default(),
             tool_ranking: None,
             tool_stats: ToolBlockStats::default(),
             ranked_query: String::new(),
@@ -991,10 +992,11 @@ impl SessionEngine {
         let mut registry = self.registry.clone();
         let arranged: Vec<Value> = registry.arrange(&combined)?.into_iter().cloned().collect();
         let mut ordered = self.shape_tools(settings, &arranged)?;
-        if arranged != self.ordered_tools {
+        if *arranged != *self.ordered_tools {
             self.tool_ranking = None;
         }
-        self.ordered_tools = arranged;
+        self.ordered_tools =
+            if *arranged == **client_tools { Arc::clone(client_tools) } else { arranged.into() };
         ordered.extend(memory_tools(self.api));
         if self.tool_stats.lazy {
             ordered.push(load_tools_tool(self.api));
@@ -1005,11 +1007,8 @@ impl SessionEngine {
             .copied()
             .collect::<Vec<_>>()
             .join("\n\n");
-        let sources = StablePrefixSources {
-            system_prompt,
-            tools: ordered.clone(),
-            constants: configured.constants.clone(),
-        };
+        let sources =
+            StablePrefixSources { system_prompt, tools: ordered, constants: configured.constants.clone() };
         let prefix = StablePrefix::build(&sources, &mut ToolRegistry::new(), &self.counter)?;
         if registry != self.registry {
             self.state.write(REGISTRY_FILE, &registry)?;
@@ -1029,7 +1028,7 @@ impl SessionEngine {
                 _ => ChurnCause::Constants,
             };
         }
-        self.tier1 = Tier1Json::build(self.api, &prefix, ordered);
+        self.tier1 = Tier1Json::build(self.api, &prefix, &sources.tools);
         self.compiler.set_prefix(prefix);
         self.prefix_inputs = Some(PrefixInputs {
             revision: settings.revision,

@@ -147,7 +147,7 @@ pub fn body(
         out.put_shared(system);
         out.put(b",");
     }
-    if !tier1.tools.is_empty() {
+    if tier1.has_tools {
         out.put(b"\"tools\":");
         let tools = if tier1_breakpoint && !system_has_text {
             &tier1.tools_json_breakpoint

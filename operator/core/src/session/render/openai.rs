@@ -87,7 +87,7 @@ pub fn body(
         assembly.advance(index);
     }
     let mut out = ChunkedBody::open_object(head);
-    if !tier1.tools.is_empty() {
+    if tier1.has_tools {
         out.put(b"\"tools\":");
         out.put_shared(&tier1.tools_json);
         out.put(b",");
