@@ -131,7 +131,10 @@ pub fn split_body_after(
         return split_body_known(body, known_tools);
     };
     let splice = Splice::find(rest, known_tools, known.end);
-    resume(rest, known, splice.as_ref()).map_or_else(|| split_body(body), Ok)
+    // When the block's bytes lay elsewhere than at the top level, the rest is read through.
+    resume(rest, known, splice.as_ref())
+        .or_else(|| splice.and_then(|_| resume(rest, known, None)))
+        .map_or_else(|| split_body(body), Ok)
 }
 
 /// The split of the body whose bytes after `known` are `rest`, read with `splice` applied to
@@ -462,6 +465,12 @@ mod tests {
         }
         let first = split_body_known(cases[0].as_bytes(), known).unwrap();
         assert_eq!(&cases[0].as_bytes()[first.tools.unwrap()], block.as_bytes());
+        // The block's bytes first inside a new message: still resumed after the known one.
+        let earlier = format!(r#"{{"messages":[{{"a":1}}],"tools":{block}}}"#);
+        let later = format!(r#"{{"messages":[{{"a":1}},{{"b":{block}}}],"tools":{block}}}"#);
+        let resumed = split_after_known(earlier.as_bytes(), later.as_bytes(), known).unwrap();
+        assert_eq!(resumed.known, 1, "resumed, not split whole");
+        assert_eq!(resumed.messages, split_body(later.as_bytes()).unwrap().messages);
     }
 
     #[test]
