@@ -88,7 +88,7 @@ pub fn split_body(body: &[u8]) -> Result<SplitBody, BodyError> {
 /// ([`Splice`]). Anything else is split whole, so errors name their place in the client's body.
 pub fn split_body_known(body: &[u8], known_tools: Option<&[u8]>) -> Result<SplitBody, BodyError> {
     if let Some(splice) = Splice::find(body, known_tools, 0) {
-        let mut spliced = Vec::with_capacity(body.len() + 2 - known_tools.map_or(0, <[u8]>::len));
+        let mut spliced = Vec::new();
         splice.write_spliced(body, 0, &mut spliced);
         if let Some(split) = split_body(&spliced).ok().and_then(|split| restored(split, &splice)) {
             return Ok(split);
@@ -140,8 +140,8 @@ pub fn split_body_after(
 /// The split of the body whose bytes after `known` are `rest`, read with `splice` applied to
 /// them; None when that reading differs from a split of the whole (see [`split_body_after`]).
 fn resume(rest: &[u8], known: &KnownOpening<'_>, splice: Option<&Splice>) -> Option<SplitBody> {
-    let mut resumed = Vec::with_capacity(RESUMED_OPENING.len() + rest.len());
-    resumed.extend_from_slice(RESUMED_OPENING);
+    // Each write below reserves what it adds: the rest with the block, or without it.
+    let mut resumed = RESUMED_OPENING.to_vec();
     match splice {
         Some(splice) => splice.write_spliced(rest, known.end, &mut resumed),
         None => resumed.extend_from_slice(rest),

@@ -48,6 +48,7 @@ impl Splice {
     /// by its stand-in.
     pub fn write_spliced(&self, input: &[u8], offset: usize, out: &mut Vec<u8>) {
         let start = self.at - offset;
+        out.reserve(input.len() - self.len + STAND_IN.len());
         out.extend_from_slice(&input[..start]);
         out.extend_from_slice(STAND_IN);
         out.extend_from_slice(&input[start + self.len..]);
