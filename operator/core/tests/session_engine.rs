@@ -300,6 +300,55 @@ fn transparent_call(
     engine.remember_answer(admitted.chain_tail, &seen)
 }
 
+/// A transparent request's chain values are built in the vector an earlier request handed back
+/// (the gateway recycles each request's known values), with the same values a fresh vector gets:
+/// a long history's values are not allocated and freed again on every request.
+#[test]
+fn a_transparent_request_builds_its_chain_values_in_the_recycled_vector() {
+    let settings = SessionSettings::defaults(Api::OpenAi, 100_000);
+    let answer = |text: &str| Turn { role: Role::Assistant, content: Content::text(text.to_owned()) };
+    let history = [user("List the files".into()), answer("a.txt"), user("Read a.txt".into())];
+    let expected = transparent::TransparentIndex::in_memory().split(&history, &[]).0;
+    let admit = |engine: &mut SessionEngine, chat: &ChatRequest| {
+        let turn = TurnRequest {
+            request: chat,
+            transparent: true,
+            request_key: None,
+            operation_id: OperationId::from_request("test", b"recycled"),
+            head: Map::new(),
+            now_ms: 2_000,
+        };
+        let TurnOutcome::Admitted(admitted) = engine.begin_turn(&settings, turn).unwrap() else {
+            panic!("not admitted")
+        };
+        admitted
+    };
+
+    let mut engine = SessionEngine::in_memory(&settings, 0).unwrap();
+    transparent_call(&mut engine, &settings, &history[..1], "a.txt").unwrap();
+    let mut recycled: Vec<[u8; 32]> = Vec::with_capacity(64);
+    recycled.push([7; 32]);
+    let address = recycled.as_ptr();
+    engine.recycle_chains(recycled);
+    let chat = ChatRequest { known_chains: expected[..2].to_vec(), ..request(history.to_vec()) };
+    let admitted = admit(&mut engine, &chat);
+    assert_eq!(admitted.chains, expected, "the values are the request's, the old ones cleared");
+    assert_eq!(admitted.chains.as_ptr(), address, "built in the recycled vector");
+    assert_eq!(admitted.new_entries, 1);
+
+    // A smaller vector is not kept over a larger one; without any, a fresh one serves.
+    let mut engine = SessionEngine::in_memory(&settings, 0).unwrap();
+    transparent_call(&mut engine, &settings, &history[..1], "a.txt").unwrap();
+    let larger: Vec<[u8; 32]> = Vec::with_capacity(64);
+    let address = larger.as_ptr();
+    engine.recycle_chains(larger);
+    engine.recycle_chains(Vec::with_capacity(8));
+    assert_eq!(admit(&mut engine, &chat).chains.as_ptr(), address, "the larger vector is kept");
+    let mut engine = SessionEngine::in_memory(&settings, 0).unwrap();
+    transparent_call(&mut engine, &settings, &history[..1], "a.txt").unwrap();
+    assert_eq!(admit(&mut engine, &chat).chains, expected);
+}
+
 /// Found by the crash suite (`benches/gateway_crash.rs`): a gateway killed right after a client
 /// turn was journaled, before the transparent index remembered it, took the client's retry of the
 /// same history for a new turn and journaled the message twice. The index is now written ahead of

@@ -433,6 +433,10 @@ pub struct SessionEngine {
     /// Where the unelided elidable tool outputs are, under the elision policy they were tested with.
     elidable: (Option<ElisionPolicy>, EntryIndex),
     pending_churn: ChurnCause,
+    /// A transparent request's chain values are built in this vector, the one an earlier request
+    /// handed back ([`Self::recycle_chains`]), so a long history's values are not allocated and
+    /// freed again on every request.
+    spare_chains: Vec<ChainHash>,
     last_refresh: Instant,
     appended_seq: u64,
     index_unsynced: bool,
@@ -603,6 +607,7 @@ impl SessionEngine {
             ephemeral: EntryIndex::default(),
             elidable: (None, EntryIndex::default()),
             pending_churn: ChurnCause::Cold,
+            spare_chains: Vec::new(),
             last_refresh: Instant::now(),
             appended_seq: 0,
             index_unsynced: false,
@@ -1054,7 +1059,8 @@ impl SessionEngine {
         if hollow > known_chains.len() {
             return Ok(None);
         }
-        let (chains, first_known) = self.transparent.split(turns, known_chains);
+        let buffer = std::mem::take(&mut self.spare_chains);
+        let (chains, first_known) = self.transparent.split_into(turns, known_chains, buffer);
         let placement = self.transparent.locate(&chains, first_known, self.journal.entries());
         let first_new = match placement {
             Placement::Extends { first_new } | Placement::Diverged { first_new, .. } => first_new,
@@ -1551,6 +1557,16 @@ impl SessionEngine {
         self.appended_seq += 1;
         self.sync_window()?;
         Ok(entry)
+    }
+
+    /// Takes back a vector of chain values a transparent request is done with (its
+    /// [`ChatRequest::known_chains`], once the turn was admitted): the next transparent request's
+    /// values are built in it. The larger of it and the one kept is kept; the values are cleared.
+    pub fn recycle_chains(&mut self, mut chains: Vec<ChainHash>) {
+        if chains.capacity() > self.spare_chains.capacity() {
+            chains.clear();
+            self.spare_chains = chains;
+        }
     }
 
     /// Compiles the packet and serialises the upstream request around `head`: the next call of

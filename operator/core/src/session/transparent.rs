@@ -164,7 +164,20 @@ impl TransparentIndex {
     /// `known` holds chain values of leading turns already computed by the caller (a
     /// [`super::message_memo::MessageMemo`]): `known[i]` must be the value after `turns[i]`.
     pub fn split(&self, turns: &[Turn], known: &[ChainHash]) -> (Vec<ChainHash>, usize) {
-        let mut chains = Vec::with_capacity(turns.len());
+        self.split_into(turns, known, Vec::new())
+    }
+
+    /// [`Self::split`] into `buffer`, cleared first: a caller that keeps the vector of an earlier
+    /// request reuses its memory instead of allocating as many values again.
+    pub fn split_into(
+        &self,
+        turns: &[Turn],
+        known: &[ChainHash],
+        buffer: Vec<ChainHash>,
+    ) -> (Vec<ChainHash>, usize) {
+        let mut chains = buffer;
+        chains.clear();
+        chains.reserve(turns.len());
         let mut previous = [0u8; 32];
         for (index, turn) in turns.iter().enumerate() {
             previous = match known.get(index) {

@@ -10,11 +10,12 @@ use std::sync::{Mutex, PoisonError};
 
 use bytes::{Bytes, BytesMut};
 
-/// Bodies shorter than this are read into a fresh buffer and not kept. Their pages are few: a
-/// buffer up to about 14 KiB comes from the allocator's small size classes, whose pages stay
-/// mapped, and one under 64 KiB faults in 16 pages at most. A transparent client's history is
-/// larger than this after its first few turns.
-pub const KEPT_FROM_BYTES: usize = 64 * 1024;
+/// Bodies shorter than this are read into a fresh buffer and not kept: a buffer up to 14 KiB
+/// comes from the allocator's small size classes, whose pages stay mapped. A larger one is a
+/// large allocation whose release is a `madvise` and a TLB flush, even at 16 KiB, so every
+/// body past that size is read into the kept buffer. A transparent client's history is larger
+/// than this after its first few turns.
+pub const KEPT_FROM_BYTES: usize = 14 * 1024 + 1;
 
 /// The largest buffer kept: a body of a million-token history (about 7 MB) still fits, while one
 /// odd request near the body limit (32 MiB by default) is not held for the sidecar's lifetime.
@@ -80,10 +81,21 @@ mod tests {
     }
 
     #[test]
+    fn a_body_past_the_small_size_classes_is_kept() {
+        let buffers = BodyBuffers::default();
+        let first = filled(&buffers, 14 * 1024 + 1);
+        let address = first.as_ptr();
+        buffers.give_back(first);
+        assert_eq!(buffers.take(15 * 1024).as_ptr(), address, "a 15 KiB body reuses the 14 KiB one's buffer");
+    }
+
+    #[test]
     fn small_shared_oversized_or_outgrown_buffers_are_not_kept() {
         let buffers = BodyBuffers::default();
         buffers.give_back(filled(&buffers, 1_000));
         assert!(buffers.spare.lock().unwrap().is_none(), "a small body");
+        buffers.give_back(filled(&buffers, 14 * 1024));
+        assert!(buffers.spare.lock().unwrap().is_none(), "a body in the allocator's small classes");
 
         let shared = filled(&buffers, 100_000);
         let held = shared.clone();

@@ -246,6 +246,9 @@ async fn prepare(
                     now_ms: now_ms(),
                 };
                 let outcome = engine.begin_turn(&work_settings.session, turn)?;
+                // The memo's chain values were read; the next request's are built in their vector.
+                let mut request = request;
+                engine.recycle_chains(std::mem::take(&mut request.known_chains));
                 Ok((request, outcome, engine.take_compaction_ask()))
             })
             .await?;
