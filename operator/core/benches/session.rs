@@ -128,8 +128,8 @@ fn measure_body_read(c: &mut Criterion, tools: &[serde_json::Value]) {
             format!(r#"{{"model":"m","messages":[{message}],"tools":{block},"stream":false}}"#)
         };
         let blocks = ToolBlocks::default();
-        let memo = MessageMemo::default();
-        let read = |body: &[u8]| {
+        let mut memo = MessageMemo::default();
+        let mut read = |body: &[u8]| {
             let split = memo.split(Api::OpenAi, body, blocks.last_bytes().as_deref()).unwrap();
             let tools = blocks.read(body, split.tools.clone()).unwrap();
             (split.messages.len(), tools.len())

@@ -49,11 +49,9 @@ pub struct Reading {
     pub turns: Vec<Turn>,
 }
 
-/// One message of a remembered request.
+/// One message of a remembered request (where its bytes lay is in the memo's `places`).
 #[derive(Debug, Clone)]
 struct Remembered {
-    /// Where its bytes were in the body.
-    raw: Range<usize>,
     /// The digest of the bytes between the previous message's end (or the body's start) and this
     /// message's start: the body's opening, or a separator.
     lead: u128,
@@ -79,6 +77,11 @@ pub struct MessageMemo {
     /// The body's opening.
     opening: Option<Opening>,
     messages: Vec<Remembered>,
+    /// Where each of `messages` lay in the body: the split's own vector, kept.
+    places: Vec<Range<usize>>,
+    /// An emptied vector of places, the one before `places`: the next split's places are
+    /// written into it, so a long history's places are not allocated and freed on every request.
+    spare_places: Vec<Range<usize>>,
     turns: Vec<Turn>,
     /// The chain value after each of `turns`.
     chains: Vec<ChainHash>,
@@ -112,6 +115,8 @@ pub struct Recollection {
     api: Option<Api>,
     opening: Option<Opening>,
     messages: Vec<Remembered>,
+    places: Vec<Range<usize>>,
+    spare_places: Vec<Range<usize>>,
 }
 
 /// The digest of `bytes`, seeded once per process.
@@ -127,7 +132,12 @@ impl MessageMemo {
     /// Splits `body` (on `api`) at its top level; when it opens with the same bytes as the
     /// remembered body, only what follows the shared messages is read. `known_tools`, the last
     /// request's tool block, is read around where the body carries it unchanged.
-    pub fn split(&self, api: Api, body: &[u8], known_tools: Option<&[u8]>) -> Result<SplitBody, BodyError> {
+    pub fn split(
+        &mut self,
+        api: Api,
+        body: &[u8],
+        known_tools: Option<&[u8]>,
+    ) -> Result<SplitBody, BodyError> {
         if self.api == Some(api)
             && let Some(opening) = &self.opening
         {
@@ -135,26 +145,23 @@ impl MessageMemo {
             let known = self
                 .messages
                 .iter()
-                .take_while(|message| {
-                    let same = body
-                        .get(start..message.raw.start)
-                        .is_some_and(|lead| digest(lead) == message.lead)
-                        && body.get(message.raw.clone()).is_some_and(|bytes| digest(bytes) == message.bytes);
-                    start = message.raw.end;
+                .zip(&self.places)
+                .take_while(|(message, place)| {
+                    let same = body.get(start..place.start).is_some_and(|lead| digest(lead) == message.lead)
+                        && body.get((*place).clone()).is_some_and(|bytes| digest(bytes) == message.bytes);
+                    start = place.end;
                     same
                 })
                 .count();
             if known > 0 {
-                let spans: Vec<Range<usize>> =
-                    self.messages[..known].iter().map(|message| message.raw.clone()).collect();
-                let end = spans[known - 1].end;
+                let spans = &self.places[..known];
                 let known = KnownOpening {
-                    end,
-                    spans: &spans,
+                    end: spans[known - 1].end,
+                    spans,
                     fields: &opening.fields,
                     tools: opening.tools.clone(),
                 };
-                return split_body_after(body, &known, known_tools);
+                return split_body_after(body, &known, known_tools, &mut self.spare_places);
             }
         }
         split_body_known(body, known_tools)
@@ -173,7 +180,13 @@ impl MessageMemo {
         let SplitBody { messages, opening, opening_tools, known, .. } = split;
         let opening = opening.map(|fields| Opening { fields, tools: opening_tools });
         let MessageMemo {
-            api: memo_api, messages: mut remembered, mut turns, mut chains, whole_user, ..
+            api: memo_api,
+            messages: mut remembered,
+            places: earlier_places,
+            mut turns,
+            mut chains,
+            whole_user,
+            ..
         } = self;
         let bytes_of = |span: &Range<usize>| body.get(span.clone()).unwrap_or_default();
         let mut reused = 0;
@@ -206,7 +219,6 @@ impl MessageMemo {
             let raw = bytes_of(span);
             let reading = read(index, raw)?;
             remembered.push(Remembered {
-                raw: span.clone(),
                 lead: 0,
                 bytes: digest(raw),
                 system: reading.system.clone(),
@@ -228,20 +240,27 @@ impl MessageMemo {
         // Where each message is now, and what comes before it: the same as last time for the
         // first `known` when they were reused, since the split found their bytes and places equal.
         let (mut start, kept) = (0, known.min(reused));
-        for (index, (message, span)) in remembered.iter_mut().zip(messages).enumerate() {
+        for (index, (message, span)) in remembered.iter_mut().zip(&messages).enumerate() {
             if index >= kept {
                 message.lead = digest(body.get(start..span.start).unwrap_or_default());
-                message.raw = span;
             }
-            start = message.raw.end;
+            start = span.end;
         }
+        let mut spare_places = earlier_places;
+        spare_places.clear();
         Ok(ReadMessages {
             system,
             turns,
             known_chains: chains,
             hollow_turns,
             reused_messages: reused,
-            recollection: Recollection { api: Some(api), opening, messages: remembered },
+            recollection: Recollection {
+                api: Some(api),
+                opening,
+                messages: remembered,
+                places: messages,
+                spare_places,
+            },
         })
     }
 
@@ -275,6 +294,8 @@ impl Recollection {
             api: self.api,
             opening: self.opening,
             messages: self.messages,
+            places: self.places,
+            spare_places: self.spare_places,
             turns,
             chains,
             whole_user,
@@ -289,7 +310,7 @@ mod tests {
     use crate::entry::{Content, Role};
 
     /// Reads OpenAI-like messages of `{"role", "content"}`, counting the messages parsed.
-    fn read(memo: MessageMemo, body: &str, parsed: &mut usize) -> ReadMessages {
+    fn read(mut memo: MessageMemo, body: &str, parsed: &mut usize) -> ReadMessages {
         let body = Bytes::from(body.to_owned());
         let split = memo.split(Api::OpenAi, &body, None).unwrap();
         memo.read(Api::OpenAi, &body, split, |_, raw| {
@@ -314,6 +335,37 @@ mod tests {
     /// Chain values as the engine computes them.
     fn chains_of(turns: &[Turn]) -> Vec<ChainHash> {
         crate::session::transparent::TransparentIndex::in_memory().split(turns, &[]).0
+    }
+
+    /// A resumed split writes the messages' places into the vector of the split two requests
+    /// back, which the memo kept emptied, with the places a fresh split finds.
+    #[test]
+    fn a_resumed_split_writes_its_places_into_the_vector_two_requests_back() {
+        let body = Bytes::from_static(
+            br#"{"model":"m","messages":[{"role":"user","content":"a"},{"role":"assistant","content":"b"}]}"#,
+        );
+        let mut memo = MessageMemo::default();
+        let mut addresses = Vec::new();
+        for _ in 0..4 {
+            let split = memo.split(Api::OpenAi, &body, None).unwrap();
+            assert_eq!(split.messages, split_body_known(&body, None).unwrap().messages);
+            addresses.push(split.messages.as_ptr());
+            let read = memo
+                .read(Api::OpenAi, &body, split, |_, raw| {
+                    let value: serde_json::Value = serde_json::from_slice(raw).unwrap();
+                    let text = value["content"].as_str().unwrap().to_owned();
+                    Ok::<_, String>(Reading {
+                        system: None,
+                        turns: vec![Turn { role: Role::User, content: Content::text(text) }],
+                    })
+                })
+                .unwrap();
+            let chains = chains_of(&read.turns);
+            memo = read.recollection.remember(read.turns, chains);
+        }
+        assert_eq!(addresses[2], addresses[0], "the third split reuses the first one's vector");
+        assert_eq!(addresses[3], addresses[1]);
+        assert_ne!(addresses[1], addresses[0]);
     }
 
     /// Whether `read`'s turns are `whole`'s, except that reused turns have no content: the turns
@@ -386,7 +438,7 @@ mod tests {
         assert_eq!(read_edited.known_chains, chains[..1]);
 
         let chains = chains_of(&read_edited.turns);
-        let memo = read_edited.recollection.remember(read_edited.turns, chains);
+        let mut memo = read_edited.recollection.remember(read_edited.turns, chains);
         let body = Bytes::from(edited.to_owned());
         let split = memo.split(Api::Anthropic, &body, None).unwrap();
         let other_api =

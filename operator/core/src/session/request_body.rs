@@ -121,10 +121,15 @@ const RESUMED_OPENING: &[u8] = b"{\"messages\":[{}";
 /// in `}`, checked here) that state is the placeholder's, so what follows is read exactly as a
 /// split of the whole body would read it. Any other outcome (an error, `messages` again) is left
 /// to a split of the whole body, so errors name their place in the client's body.
+///
+/// A resumed split writes the messages' places into `spare`, an emptied vector the caller keeps
+/// from an earlier split (it is left empty, and a new vector is made when it has no room), so a
+/// long history's places are not allocated and freed again on every request.
 pub fn split_body_after(
     body: &[u8],
     known: &KnownOpening<'_>,
     known_tools: Option<&[u8]>,
+    spare: &mut Vec<Range<usize>>,
 ) -> Result<SplitBody, BodyError> {
     let ends_an_object = known.end.checked_sub(1).and_then(|last| body.get(last)) == Some(&b'}');
     let Some(rest) = body.get(known.end..).filter(|_| !known.spans.is_empty() && ends_an_object) else {
@@ -132,14 +137,19 @@ pub fn split_body_after(
     };
     let splice = Splice::find(rest, known_tools, known.end);
     // When the block's bytes lay elsewhere than at the top level, the rest is read through.
-    resume(rest, known, splice.as_ref())
-        .or_else(|| splice.and_then(|_| resume(rest, known, None)))
+    resume(rest, known, splice.as_ref(), spare)
+        .or_else(|| splice.and_then(|_| resume(rest, known, None, spare)))
         .map_or_else(|| split_body(body), Ok)
 }
 
 /// The split of the body whose bytes after `known` are `rest`, read with `splice` applied to
 /// them; None when that reading differs from a split of the whole (see [`split_body_after`]).
-fn resume(rest: &[u8], known: &KnownOpening<'_>, splice: Option<&Splice>) -> Option<SplitBody> {
+fn resume(
+    rest: &[u8],
+    known: &KnownOpening<'_>,
+    splice: Option<&Splice>,
+    spare: &mut Vec<Range<usize>>,
+) -> Option<SplitBody> {
     // Each write below reserves what it adds: the rest with the block, or without it.
     let mut resumed = RESUMED_OPENING.to_vec();
     match splice {
@@ -151,7 +161,9 @@ fn resume(rest: &[u8], known: &KnownOpening<'_>, splice: Option<&Splice>) -> Opt
         return None;
     }
     let Some(Messages::Array(tail)) = top.messages else { return None };
-    let mut messages = Vec::with_capacity(known.spans.len() + tail.len().saturating_sub(1));
+    let mut messages = std::mem::take(spare);
+    messages.clear();
+    messages.reserve(known.spans.len() + tail.len().saturating_sub(1));
     messages.extend_from_slice(known.spans);
     // The first element is the placeholder; the others lie in `rest`, which starts at `end`.
     let shift = known.end.wrapping_sub(RESUMED_OPENING.len());
@@ -346,6 +358,7 @@ mod tests {
                 tools: first.opening_tools.clone(),
             },
             known_tools,
+            &mut Vec::new(),
         )
     }
 

@@ -115,7 +115,7 @@ fn assistant_turn(index: usize, content: &Value) -> Result<Turn, GatewayError> {
 /// it instead of being parsed again.
 pub fn parse_request(
     body: &Bytes,
-    memo: MessageMemo,
+    mut memo: MessageMemo,
     tool_blocks: &ToolBlocks,
 ) -> Result<ParsedRequest, GatewayError> {
     let known_tools = tool_blocks.last_bytes();

@@ -27,7 +27,7 @@ fn bad(message: impl Into<String>) -> GatewayError {
 /// taken from it instead of being parsed again.
 pub fn parse_request(
     body: &Bytes,
-    memo: MessageMemo,
+    mut memo: MessageMemo,
     tool_blocks: &ToolBlocks,
 ) -> Result<ParsedRequest, GatewayError> {
     let known_tools = tool_blocks.last_bytes();
