@@ -300,6 +300,18 @@ fn transparent_call(
     engine.remember_answer(admitted.chain_tail, &seen)
 }
 
+/// `chat` as a transparent client's turn, its operation named by `label`.
+fn transparent_turn<'a>(chat: &'a ChatRequest, label: &[u8]) -> TurnRequest<'a> {
+    TurnRequest {
+        request: chat,
+        transparent: true,
+        request_key: None,
+        operation_id: OperationId::from_request("test", label),
+        head: Map::new(),
+        now_ms: 2_000,
+    }
+}
+
 /// A transparent request's chain values are built in the vector an earlier request handed back
 /// (the gateway recycles each request's known values), with the same values a fresh vector gets:
 /// a long history's values are not allocated and freed again on every request.
@@ -310,14 +322,7 @@ fn a_transparent_request_builds_its_chain_values_in_the_recycled_vector() {
     let history = [user("List the files".into()), answer("a.txt"), user("Read a.txt".into())];
     let expected = transparent::TransparentIndex::in_memory().split(&history, &[]).0;
     let admit = |engine: &mut SessionEngine, chat: &ChatRequest| {
-        let turn = TurnRequest {
-            request: chat,
-            transparent: true,
-            request_key: None,
-            operation_id: OperationId::from_request("test", b"recycled"),
-            head: Map::new(),
-            now_ms: 2_000,
-        };
+        let turn = transparent_turn(chat, b"recycled");
         let TurnOutcome::Admitted(admitted) = engine.begin_turn(&settings, turn).unwrap() else {
             panic!("not admitted")
         };
@@ -476,15 +481,7 @@ fn hollow_turns_are_never_journaled_and_a_journal_without_them_asks_for_the_whol
     let mut with_hollows = hollow(&history);
     with_hollows.push(user("Thanks".into()));
     let call = |engine: &mut SessionEngine, chat: &ChatRequest| {
-        let turn = TurnRequest {
-            request: chat,
-            transparent: true,
-            request_key: None,
-            operation_id: OperationId::from_request("test", b"hollow"),
-            head: Map::new(),
-            now_ms: 2_000,
-        };
-        engine.begin_turn(&settings, turn).unwrap()
+        engine.begin_turn(&settings, transparent_turn(chat, b"hollow")).unwrap()
     };
     let hollow_request =
         ChatRequest { known_chains: chains[..4].to_vec(), hollow_turns: 4, ..request(with_hollows) };
