@@ -339,6 +339,7 @@ fn a_transparent_request_builds_its_chain_values_in_the_recycled_vector() {
     let admitted = admit(&mut engine, &chat);
     assert_eq!(admitted.chains, expected, "the values are the request's, the old ones cleared");
     assert_eq!(admitted.chains.as_ptr(), address, "built in the recycled vector");
+    assert!(admitted.chains.capacity() >= 64, "with its room");
     assert_eq!(admitted.new_entries, 1);
 
     // A smaller vector is not kept over a larger one; without any, a fresh one serves.
@@ -352,6 +353,12 @@ fn a_transparent_request_builds_its_chain_values_in_the_recycled_vector() {
     let mut engine = SessionEngine::in_memory(&settings, 0).unwrap();
     transparent_call(&mut engine, &settings, &history[..1], "a.txt").unwrap();
     assert_eq!(admit(&mut engine, &chat).chains, expected);
+
+    // Room for many times what the request used (a history that shrank) is let go.
+    let mut engine = SessionEngine::in_memory(&settings, 0).unwrap();
+    transparent_call(&mut engine, &settings, &history[..1], "a.txt").unwrap();
+    engine.recycle_chains(Vec::with_capacity(10_000));
+    assert!(admit(&mut engine, &chat).chains.capacity() < 10_000, "an oversized vector is not kept");
 }
 
 /// Found by the crash suite (`benches/gateway_crash.rs`): a gateway killed right after a client

@@ -1561,9 +1561,12 @@ impl SessionEngine {
 
     /// Takes back a vector of chain values a transparent request is done with (its
     /// [`ChatRequest::known_chains`], once the turn was admitted): the next transparent request's
-    /// values are built in it. The larger of it and the one kept is kept; the values are cleared.
+    /// values are built in it. The larger of it and the one kept is kept, unless its room is many
+    /// times what the request used ([`super::message_memo::worth_keeping`]); the values are cleared.
     pub fn recycle_chains(&mut self, mut chains: Vec<ChainHash>) {
-        if chains.capacity() > self.spare_chains.capacity() {
+        if chains.capacity() > self.spare_chains.capacity()
+            && super::message_memo::worth_keeping(chains.capacity(), chains.len())
+        {
             chains.clear();
             self.spare_chains = chains;
         }

@@ -119,6 +119,16 @@ pub struct Recollection {
     spare_places: Vec<Range<usize>>,
 }
 
+/// Elements a kept vector may always hold, however little of it a request uses.
+const KEPT_ELEMENTS_FLOOR: usize = 256;
+
+/// Whether a vector with room for `capacity` elements is worth keeping for a request that used
+/// `len` of them: at most four times that, or [`KEPT_ELEMENTS_FLOOR`]. So a history that shrank
+/// (a new conversation, a rollback) does not hold the longest one's room for the sidecar's life.
+pub(crate) fn worth_keeping(capacity: usize, len: usize) -> bool {
+    capacity <= len.max(KEPT_ELEMENTS_FLOOR).saturating_mul(4)
+}
+
 /// The digest of `bytes`, seeded once per process.
 fn digest(bytes: &[u8]) -> u128 {
     static SEED: OnceLock<u64> = OnceLock::new();
@@ -248,6 +258,9 @@ impl MessageMemo {
         }
         let mut spare_places = earlier_places;
         spare_places.clear();
+        if !worth_keeping(spare_places.capacity(), messages.len()) {
+            spare_places = Vec::new();
+        }
         Ok(ReadMessages {
             system,
             turns,
@@ -341,17 +354,30 @@ mod tests {
     /// back, which the memo kept emptied, with the places a fresh split finds.
     #[test]
     fn a_resumed_split_writes_its_places_into_the_vector_two_requests_back() {
-        let body = Bytes::from_static(
-            br#"{"model":"m","messages":[{"role":"user","content":"a"},{"role":"assistant","content":"b"}]}"#,
-        );
+        let messages = r#"[{"role":"user","content":"a"},{"role":"assistant","content":"b"}]"#;
+        let body = Bytes::from(format!(r#"{{"model":"m","messages":{messages}}}"#));
+        assert_places_reused(&body, None);
+        // A known tool block after the messages, read around (spliced): the same.
+        let description = "d".repeat(crate::session::tool_splice::SPLICED_FROM_BYTES);
+        let tools =
+            format!(r#"[{{"type":"function","function":{{"name":"t","description":"{description}"}}}}]"#);
+        let body = Bytes::from(format!(r#"{{"model":"m","messages":{messages},"tools":{tools}}}"#));
+        assert_places_reused(&body, Some(tools.as_bytes()));
+    }
+
+    /// Sends `body` four times through a memo, the last tool block being `known_tools`: each split
+    /// finds the places a fresh split does, and the third and fourth write into the vectors of the
+    /// first and second.
+    fn assert_places_reused(body: &Bytes, known_tools: Option<&[u8]>) {
+        let fresh = split_body_known(body, None).unwrap();
         let mut memo = MessageMemo::default();
         let mut addresses = Vec::new();
         for _ in 0..4 {
-            let split = memo.split(Api::OpenAi, &body, None).unwrap();
-            assert_eq!(split.messages, split_body_known(&body, None).unwrap().messages);
+            let split = memo.split(Api::OpenAi, body, known_tools).unwrap();
+            assert_eq!((&split.messages, &split.tools), (&fresh.messages, &fresh.tools));
             addresses.push(split.messages.as_ptr());
             let read = memo
-                .read(Api::OpenAi, &body, split, |_, raw| {
+                .read(Api::OpenAi, body, split, |_, raw| {
                     let value: serde_json::Value = serde_json::from_slice(raw).unwrap();
                     let text = value["content"].as_str().unwrap().to_owned();
                     Ok::<_, String>(Reading {

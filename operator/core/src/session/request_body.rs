@@ -90,7 +90,7 @@ pub fn split_body_known(body: &[u8], known_tools: Option<&[u8]>) -> Result<Split
     if let Some(splice) = Splice::find(body, known_tools, 0) {
         let mut spliced = Vec::new();
         splice.write_spliced(body, 0, &mut spliced);
-        if let Some(split) = split_body(&spliced).ok().and_then(|split| restored(split, &splice)) {
+        if let Some(Ok(split)) = split_body(&spliced).ok().map(|split| restored(split, &splice)) {
             return Ok(split);
         }
     }
@@ -99,15 +99,18 @@ pub fn split_body_known(body: &[u8], known_tools: Option<&[u8]>) -> Result<Split
 
 /// The split of a spliced body as the split of the body, when the stand-in was the body's
 /// top-level `tools` (the last one): a JSON value in place of another leaves the rest of the
-/// body reading the same, so every span maps back. None otherwise (the block's bytes lay
-/// elsewhere, say inside a message).
-fn restored(split: SplitBody, splice: &Splice) -> Option<SplitBody> {
-    (split.tools == Some(splice.stand_in())).then(|| SplitBody {
-        messages: split.messages.iter().map(|span| splice.restore(span.clone())).collect(),
-        tools: Some(splice.restore(splice.stand_in())),
-        opening_tools: split.opening_tools.clone().map(|span| splice.restore(span)),
-        ..split
-    })
+/// body reading the same, so every span maps back (in place). Otherwise (the block's bytes lay
+/// elsewhere, say inside a message) the split's vector of places, for its reuse.
+fn restored(mut split: SplitBody, splice: &Splice) -> Result<SplitBody, Vec<Range<usize>>> {
+    if split.tools != Some(splice.stand_in()) {
+        return Err(split.messages);
+    }
+    for span in &mut split.messages {
+        *span = splice.restore(span.clone());
+    }
+    split.tools = Some(splice.restore(splice.stand_in()));
+    split.opening_tools = split.opening_tools.map(|span| splice.restore(span));
+    Ok(split)
 }
 
 /// What the split of a body resumed after its known opening starts with: the parser's state just
@@ -180,9 +183,14 @@ fn resume(
         tools,
         opening_tools: known.tools.clone(),
     };
-    match splice {
-        Some(splice) => restored(split, splice),
-        None => Some(split),
+    let Some(splice) = splice else { return Some(split) };
+    match restored(split, splice) {
+        Ok(split) => Some(split),
+        Err(places) => {
+            // The places vector goes back for the reading without the splice.
+            *spare = places;
+            None
+        }
     }
 }
 
