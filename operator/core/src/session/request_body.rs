@@ -90,7 +90,7 @@ pub fn split_body_known(body: &[u8], known_tools: Option<&[u8]>) -> Result<Split
     if let Some(splice) = Splice::find(body, known_tools, 0) {
         let mut spliced = Vec::new();
         splice.write_spliced(body, 0, &mut spliced);
-        if let Some(Ok(split)) = split_body(&spliced).ok().map(|split| restored(split, &splice)) {
+        if let Ok(Ok(split)) = split_body(&spliced).map(|split| restored(split, &splice)) {
             return Ok(split);
         }
     }
