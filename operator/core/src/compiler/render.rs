@@ -18,14 +18,24 @@ pub fn render_entry(entry: &Entry, treatment: Option<&Treatment>, counter: &Toke
     let tag = id_tag(entry.id);
     let tag_tokens = u64::from(counter.count(&tag)) + 1;
     let answers_calls: Vec<String> = entry.content.tool_results.iter().map(|r| r.call_id.clone()).collect();
-    let (body, tokens, reason, included) = match treatment {
-        None => (journal_body(entry), entry.tokens + tag_tokens, InclusionReason::Journal, true),
+    let (tokens, reason, included) = match treatment {
+        None => (entry.tokens + tag_tokens, InclusionReason::Journal, true),
         Some(Treatment::Replace { text, reason }) => {
-            (text.clone(), u64::from(counter.count(text)) + tag_tokens, *reason, true)
+            (u64::from(counter.count(text)) + tag_tokens, *reason, true)
         }
-        Some(Treatment::Omit) => (String::new(), 0, InclusionReason::Expired, false),
+        Some(Treatment::Omit) => (0, InclusionReason::Expired, false),
     };
-    let text = if body.is_empty() { tag } else { format!("{tag} {body}") };
+    // The tag, then a space and the body when there is one, written once into a string of its size.
+    let mut text = tag;
+    match treatment {
+        None => append_journal_body(&mut text, entry),
+        Some(Treatment::Replace { text: replacement, .. }) if !replacement.is_empty() => {
+            text.reserve_exact(1 + replacement.len());
+            text.push(' ');
+            text.push_str(replacement);
+        }
+        Some(_) => {}
+    }
     RenderedEntry {
         id: entry.id,
         role: entry.role,
@@ -44,14 +54,92 @@ pub fn render_entry(entry: &Entry, treatment: Option<&Treatment>, counter: &Toke
     }
 }
 
-/// The entry's own text: its message text, then each tool result's output in completion order.
-fn journal_body(entry: &Entry) -> String {
-    let mut body = entry.content.text.clone();
-    for result in &entry.content.tool_results {
-        if !body.is_empty() {
-            body.push('\n');
-        }
-        body.push_str(&result.output);
+/// Appends a space and the entry's own text to `text` when the entry has any: its message text,
+/// then each tool result's output in completion order, one per line.
+fn append_journal_body(text: &mut String, entry: &Entry) {
+    let content = &entry.content;
+    let results = &content.tool_results;
+    let body_len = content.text.len() + results.iter().map(|result| 1 + result.output.len()).sum::<usize>();
+    if content.text.is_empty() && results.iter().all(|result| result.output.is_empty()) {
+        return;
     }
-    body
+    text.reserve_exact(1 + body_len);
+    text.push(' ');
+    text.push_str(&content.text);
+    let mut started = !content.text.is_empty();
+    for result in results {
+        if started {
+            text.push('\n');
+        }
+        text.push_str(&result.output);
+        started |= !result.output.is_empty();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+    use crate::entry::{Content, EntryDraft, EntryKind, RetentionClass, ToolResult};
+
+    fn entry(text: &str, outputs: &[&str]) -> Entry {
+        let tool_results = outputs
+            .iter()
+            .enumerate()
+            .map(|(index, output)| ToolResult {
+                call_id: format!("c{index}"),
+                name: None,
+                output: (*output).into(),
+            })
+            .collect();
+        EntryDraft {
+            kind: EntryKind::Message,
+            role: Role::Tool,
+            tokens: 3,
+            content: Content { text: text.into(), tool_calls: vec![], tool_results },
+            retention: RetentionClass::Working,
+            created_at_ms: 1,
+            artifact_refs: vec![],
+        }
+        .into_entry(7)
+    }
+
+    /// The text as it was built before it was written in one pass: the body joined, then the tag
+    /// and the body formatted together.
+    fn joined_then_formatted(entry: &Entry) -> String {
+        let mut body = entry.content.text.clone();
+        for result in &entry.content.tool_results {
+            if !body.is_empty() {
+                body.push('\n');
+            }
+            body.push_str(&result.output);
+        }
+        let tag = id_tag(entry.id);
+        if body.is_empty() { tag } else { format!("{tag} {body}") }
+    }
+
+    #[test]
+    fn the_text_written_in_one_pass_equals_the_body_joined_and_formatted() {
+        let counter = TokenCounter::new(crate::tokens::TokenizerKind::O200kBase).unwrap();
+        let cases: [(&str, &[&str]); 7] = [
+            ("", &[]),
+            ("hello", &[]),
+            ("", &["out"]),
+            ("", &["", ""]),
+            ("", &["", "second"]),
+            ("text", &["", "b", ""]),
+            ("text", &["a", "b"]),
+        ];
+        for (text, outputs) in cases {
+            let entry = entry(text, outputs);
+            let rendered = render_entry(&entry, None, &counter);
+            assert_eq!(rendered.text, joined_then_formatted(&entry), "{text:?} {outputs:?}");
+        }
+        let entry = entry("text", &["a"]);
+        let replace = |text: &str| Treatment::Replace { text: text.into(), reason: InclusionReason::Elided };
+        let tag = id_tag(entry.id);
+        assert_eq!(render_entry(&entry, Some(&replace("short")), &counter).text, format!("{tag} short"));
+        assert_eq!(render_entry(&entry, Some(&replace("")), &counter).text, tag);
+        assert_eq!(render_entry(&entry, Some(&Treatment::Omit), &counter).text, tag);
+    }
 }

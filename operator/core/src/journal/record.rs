@@ -33,6 +33,22 @@ pub fn encode_frame(payload: &[u8], out: &mut Vec<u8>) {
     out.extend_from_slice(payload);
 }
 
+/// Starts a frame in `out` (emptied first): room for its prefix, which [`seal_frame`] fills once
+/// the payload has been written after it.
+pub fn start_frame(out: &mut Vec<u8>) {
+    out.clear();
+    out.extend_from_slice(&[0; FRAME_PREFIX_LEN]);
+}
+
+/// Fills the prefix of a frame begun with [`start_frame`] whose payload now follows it; the bytes
+/// then equal [`encode_frame`]'s for that payload.
+pub fn seal_frame(frame: &mut [u8]) {
+    let Some((prefix, payload)) = frame.split_at_mut_checked(FRAME_PREFIX_LEN) else { return };
+    let len = u32::try_from(payload.len()).unwrap_or(u32::MAX);
+    prefix[..4].copy_from_slice(&len.to_le_bytes());
+    prefix[4..].copy_from_slice(&crc32c::crc32c(payload).to_le_bytes());
+}
+
 /// An incomplete final record found at the end of a log.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct TornTail {
@@ -173,6 +189,19 @@ mod tests {
             encode_frame(payload.as_bytes(), &mut bytes);
         }
         bytes
+    }
+
+    #[test]
+    fn a_frame_sealed_in_place_equals_the_encoded_frame() {
+        let mut frame = b"left over from the last record".to_vec();
+        for payload in ["{}", "{\"text\":\"a longer payload, é\"}", ""] {
+            start_frame(&mut frame);
+            frame.extend_from_slice(payload.as_bytes());
+            seal_frame(&mut frame);
+            let mut encoded = Vec::new();
+            encode_frame(payload.as_bytes(), &mut encoded);
+            assert_eq!(frame, encoded, "payload {payload:?}");
+        }
     }
 
     #[test]

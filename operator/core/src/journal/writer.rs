@@ -13,6 +13,10 @@ use super::record::{self, HEADER_LEN, MAX_PAYLOAD_LEN};
 use super::storage::{AppendHandle, LockGuard, LockOutcome, SharedSync, Storage};
 use crate::entry::{Entry, EntryDraft, EntryId};
 
+/// A record buffer up to this capacity is kept for the next append: jemalloc's small size classes
+/// end at 14 KiB, and a larger buffer comes from fresh pages whichever way it is kept.
+const KEPT_FRAME_BYTES: usize = 14 * 1024;
+
 /// When appended entries become durable.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum SyncPolicy {
@@ -150,6 +154,9 @@ pub struct Journal {
     next_number: u64,
     unsynced: u64,
     poisoned: Option<String>,
+    /// The last appended record's buffer, kept for the next one while it is small (see
+    /// [`KEPT_FRAME_BYTES`]).
+    frame: Vec<u8>,
 }
 
 impl std::fmt::Debug for Journal {
@@ -233,6 +240,7 @@ impl Journal {
             next_number,
             unsynced: 0,
             poisoned: None,
+            frame: Vec::new(),
         };
         report.removed_generations = journal.collect_garbage()?;
         report.generation = generation;
@@ -323,15 +331,35 @@ impl Journal {
         Ok(payload)
     }
 
+    /// `entry` framed as a record in `frame` (its earlier bytes replaced): the payload is written
+    /// once, after room for the prefix, instead of being encoded and then copied into a frame.
+    fn encode_frame_into(&self, entry: &Entry, frame: &mut Vec<u8>) -> Result<(), JournalError> {
+        let encode_error =
+            |reason: String| JournalError::Encode { path: self.log_path.clone(), id: entry.id, reason };
+        record::start_frame(frame);
+        serde_json::to_writer(&mut *frame, entry).map_err(|error| encode_error(error.to_string()))?;
+        let payload_len = frame.len() - record::FRAME_PREFIX_LEN;
+        if payload_len > MAX_PAYLOAD_LEN {
+            frame.clear();
+            return Err(encode_error(format!(
+                "{payload_len} bytes exceed the record limit of {MAX_PAYLOAD_LEN}"
+            )));
+        }
+        record::seal_frame(frame);
+        Ok(())
+    }
+
     /// Assigns the next ID, appends the entry, and syncs according to the policy. The entry is
     /// durable when this returns under [`SyncPolicy::EveryAppend`], otherwise after `sync`.
     pub fn append(&mut self, draft: EntryDraft) -> Result<Entry, JournalError> {
         self.check_poison()?;
         let entry = draft.into_entry(self.next_number);
-        let payload = self.encode(&entry)?;
-        let mut frame = Vec::with_capacity(payload.len() + record::FRAME_PREFIX_LEN);
-        record::encode_frame(&payload, &mut frame);
+        let mut frame = std::mem::take(&mut self.frame);
+        self.encode_frame_into(&entry, &mut frame)?;
         let written = self.log.append(&frame).map_err(JournalError::io("append", &self.log_path));
+        if frame.capacity() <= KEPT_FRAME_BYTES {
+            self.frame = frame;
+        }
         self.poison_on_error(written)?;
         self.next_number += 1;
         self.total_tokens += entry.tokens;

@@ -10,6 +10,7 @@ use serde_json::{Map, Value, json};
 
 use super::body::{Assembly, ChunkedBody, Sink};
 use super::fragments::{FragmentCache, Rendered};
+use super::json_write::{TextBlock, json_bytes, write_json};
 use super::ledger::CallLedger;
 use super::tier1::{Tier1Json, ephemeral};
 
@@ -50,22 +51,30 @@ fn blocks(entry: &RenderedEntry, ledger: &CallLedger) -> (Vec<Value>, bool, bool
     }
 }
 
-fn join(values: &[Value]) -> String {
-    values.iter().map(Value::to_string).collect::<Vec<_>>().join(",")
+/// The blocks comma-separated, written into one buffer sized for the entry's text.
+fn join(values: &[Value], text_len: usize) -> Vec<u8> {
+    let mut out = Vec::with_capacity(text_len + 96 * values.len());
+    for (index, value) in values.iter().enumerate() {
+        if index > 0 {
+            out.push(b',');
+        }
+        write_json(&mut out, value);
+    }
+    out
 }
 
 /// One Tier-2 entry as comma-separated Anthropic content blocks.
 pub fn fragment(entry: &RenderedEntry, ledger: &CallLedger) -> Rendered {
     let (values, complete, assistant) = blocks(entry, ledger);
-    Rendered { json: join(&values), complete, assistant }
+    Rendered { json: join(&values, entry.text.len()), complete, assistant }
 }
 
-fn fragment_with_breakpoint(entry: &RenderedEntry, ledger: &CallLedger) -> (String, bool) {
+fn fragment_with_breakpoint(entry: &RenderedEntry, ledger: &CallLedger) -> (Vec<u8>, bool) {
     let (mut values, _, assistant) = blocks(entry, ledger);
     if let Some(Value::Object(last)) = values.last_mut() {
         last.insert("cache_control".into(), ephemeral());
     }
-    (join(&values), assistant)
+    (join(&values, entry.text.len()), assistant)
 }
 
 /// Writes one content block, opening and closing message groups as the side changes.
@@ -79,7 +88,7 @@ fn block(out: &mut impl Sink, side: &mut Option<bool>, assistant: bool, json: &B
         None => {
             if assistant {
                 open(out, side, false);
-                out.put(json!({"type": "text", "text": LEADING_USER_TEXT}).to_string().as_bytes());
+                out.put(&json_bytes(&TextBlock::of(LEADING_USER_TEXT), LEADING_USER_TEXT.len()));
                 out.put(b"]},");
             }
             open(out, side, assistant);
@@ -139,7 +148,7 @@ pub fn body(
         assembly.side = side;
         assembly.advance(index);
     }
-    let mut out = ChunkedBody::open_object(head);
+    let mut out = ChunkedBody::open_object(head, assembly.copied_hint);
     let system_has_text = !tier1.system_text.is_empty();
     if system_has_text {
         out.put(b"\"system\":");
@@ -172,8 +181,9 @@ pub fn body(
             block(&mut out, &mut side, fragment.assistant, &fragment.json);
         }
     }
-    let telemetry = Bytes::from(json!({"type": "text", "text": packet.telemetry}).to_string());
+    let telemetry = Bytes::from(json_bytes(&TextBlock::of(&packet.telemetry), packet.telemetry.len()));
     block(&mut out, &mut side, false, &telemetry);
     out.put(b"]}]}");
+    assembly.copied_hint = out.copied_len();
     out
 }

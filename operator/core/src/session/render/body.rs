@@ -3,7 +3,9 @@
 //! request over a 200k-token history neither copies megabytes nor hands the HTTP stack thousands of
 //! tiny chunks.
 
-use bytes::Bytes;
+use bytes::{BufMut, Bytes, BytesMut};
+
+use super::json_write::write_json;
 
 /// Pieces shorter than this are copied into the current chunk instead of referenced.
 const COALESCE_BELOW: usize = 4 * 1024;
@@ -16,32 +18,39 @@ pub trait Sink {
     fn put_shared(&mut self, bytes: &Bytes);
 }
 
-/// Chunks in order, with their total length.
+/// Room reserved for a body's copied bytes at most (a request that copies more grows it).
+const COPIED_ROOM_MAX: usize = 64 * 1024;
+
+/// Chunks in order, with their total length. The copied bytes of the whole body go into one
+/// buffer sized from the last request's, and each chunk of them is split off it, so building a
+/// body grows no buffer by doubling.
 #[derive(Debug, Default)]
 pub struct ChunkedBody {
     chunks: Vec<Bytes>,
-    pending: Vec<u8>,
+    pending: BytesMut,
     len: usize,
+    copied: usize,
 }
 
 impl ChunkedBody {
     /// A body that opens the JSON object with `head`'s fields, ready for more fields: `{"model":…,`
-    /// (or just `{` when `head` is empty).
-    pub fn open_object(head: serde_json::Map<String, serde_json::Value>) -> Self {
-        let has_fields = !head.is_empty();
-        let mut text = serde_json::Value::Object(head).to_string();
-        text.pop();
-        let mut body = ChunkedBody::default();
-        body.put(text.as_bytes());
-        if has_fields {
-            body.put(b",");
+    /// (or just `{` when `head` is empty). Room for `copied_hint` copied bytes is reserved (the
+    /// last body's [`ChunkedBody::copied_len`]), with an eighth more for growth.
+    pub fn open_object(head: serde_json::Map<String, serde_json::Value>, copied_hint: usize) -> Self {
+        let room = (copied_hint + copied_hint / 8).min(COPIED_ROOM_MAX);
+        let mut pending = BytesMut::with_capacity(room.max(64));
+        write_json((&mut pending).writer(), &head);
+        pending.truncate(pending.len().saturating_sub(1));
+        if !head.is_empty() {
+            pending.extend_from_slice(b",");
         }
-        body
+        let len = pending.len();
+        ChunkedBody { chunks: Vec::new(), pending, len, copied: len }
     }
 
     fn flush(&mut self) {
         if !self.pending.is_empty() {
-            self.chunks.push(Bytes::from(std::mem::take(&mut self.pending)));
+            self.chunks.push(self.pending.split().freeze());
         }
     }
 
@@ -53,6 +62,11 @@ impl ChunkedBody {
     /// Whether the body has no bytes.
     pub fn is_empty(&self) -> bool {
         self.len == 0
+    }
+
+    /// Bytes copied into the body rather than referenced: the hint for the next body's room.
+    pub fn copied_len(&self) -> usize {
+        self.copied
     }
 
     /// The whole body as one byte string (tests, replay).
@@ -89,6 +103,7 @@ impl ChunkedBody {
 impl Sink for ChunkedBody {
     fn put(&mut self, bytes: &[u8]) {
         self.len += bytes.len();
+        self.copied += bytes.len();
         self.pending.extend_from_slice(bytes);
     }
 
@@ -125,6 +140,8 @@ pub struct Assembly {
     open: Vec<u8>,
     /// Anthropic: the side of the message group open after the assembled entries.
     pub side: Option<bool>,
+    /// Bytes the last request's body copied ([`ChunkedBody::copied_len`]): the next one's room.
+    pub copied_hint: usize,
 }
 
 impl Assembly {
@@ -258,8 +275,35 @@ mod tests {
         single.put(b"{\"model\":\"m\"}");
         let chunks = ChunkedBody { chunks: Vec::new(), ..single }.into_chunks();
         let shared = chunks[0].clone();
-        let whole = ChunkedBody { chunks, pending: Vec::new(), len: shared.len() }.into_bytes();
+        let whole =
+            ChunkedBody { chunks, pending: BytesMut::new(), len: shared.len(), copied: 0 }.into_bytes();
         assert_eq!(whole.as_ptr(), shared.as_ptr(), "one chunk is handed over, not copied");
+    }
+
+    #[test]
+    fn the_copied_runs_of_a_body_are_split_off_one_buffer_sized_from_the_hint() {
+        let mut head = serde_json::Map::new();
+        head.insert("model".into(), "m".into());
+        let large = Bytes::from(vec![b'x'; COALESCE_BELOW]);
+        let build = |hint: usize| {
+            let mut body = ChunkedBody::open_object(head.clone(), hint);
+            body.put(b"\"messages\":[");
+            body.put_shared(&large);
+            body.put(b",{\"role\":\"user\"}]}");
+            body
+        };
+        let first = build(0);
+        let copied = first.copied_len();
+        assert_eq!(copied, first.len() - large.len());
+        let expected = first.to_vec();
+        assert!(expected.starts_with(b"{\"model\":\"m\",\"messages\":[x"));
+
+        let chunks = build(copied).into_chunks();
+        assert_eq!(chunks.concat(), expected);
+        let [before, shared, after] = chunks.as_slice() else { panic!("three chunks: {}", chunks.len()) };
+        assert_eq!(shared.as_ptr(), large.as_ptr(), "the large piece is referenced");
+        // The run after the shared piece continues in the buffer the first run was split from.
+        assert_eq!(before.as_ptr().wrapping_add(before.len()), after.as_ptr());
     }
 
     #[test]

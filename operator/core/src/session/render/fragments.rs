@@ -22,7 +22,7 @@ pub struct Fragment {
 #[derive(Debug)]
 pub struct Rendered {
     /// JSON text.
-    pub json: String,
+    pub json: Vec<u8>,
     /// Whether it can no longer change.
     pub complete: bool,
     /// Assistant side.

@@ -4,6 +4,7 @@
 pub mod anthropic;
 pub mod body;
 pub mod fragments;
+pub mod json_write;
 pub mod ledger;
 pub mod openai;
 pub mod tier1;

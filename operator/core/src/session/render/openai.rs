@@ -2,59 +2,52 @@
 
 use crate::compiler::{Packet, RenderedEntry};
 use crate::entry::Role;
-use serde_json::{Map, Value, json};
+use serde_json::{Map, Value};
 
 use super::body::{Assembly, ChunkedBody, Sink};
 use super::fragments::{FragmentCache, Rendered};
+use super::json_write::{
+    AssistantMessage, OpenAiFunction, OpenAiToolCall, TextMessage, ToolMessage, json_bytes, write_json,
+};
 use super::ledger::CallLedger;
 use super::tier1::Tier1Json;
 
 /// One Tier-2 entry as OpenAI message JSON (one or more messages, comma-separated).
 pub fn fragment(entry: &RenderedEntry, ledger: &CallLedger) -> Rendered {
-    let user = |text: &str| json!({"role": "user", "content": text}).to_string();
+    let text = entry.text.as_str();
+    let plain = |role| json_bytes(&TextMessage { content: text, role }, text.len());
     match entry.role {
-        Role::User => Rendered { json: user(&entry.text), complete: true, assistant: false },
-        Role::System => Rendered {
-            json: json!({"role": "system", "content": entry.text}).to_string(),
-            complete: true,
-            assistant: false,
-        },
+        Role::User => Rendered { json: plain("user"), complete: true, assistant: false },
+        Role::System => Rendered { json: plain("system"), complete: true, assistant: false },
         Role::Assistant => {
-            let answered: Vec<Value> = entry
+            let answered: Vec<OpenAiToolCall<'_>> = entry
                 .tool_calls
                 .iter()
                 .filter(|call| ledger.is_answered(entry.id, &call.call_id))
-                .map(|call| {
-                    json!({
-                        "id": call.call_id,
-                        "type": "function",
-                        "function": {"name": call.name, "arguments": call.arguments_json}
-                    })
+                .map(|call| OpenAiToolCall {
+                    function: OpenAiFunction { arguments: &call.arguments_json, name: &call.name },
+                    id: &call.call_id,
+                    kind: "function",
                 })
                 .collect();
             let complete = answered.len() == entry.tool_calls.len() || !ledger.is_open(entry.id);
-            let mut message = Map::new();
-            message.insert("role".into(), "assistant".into());
-            message.insert("content".into(), entry.text.clone().into());
-            if !answered.is_empty() {
-                message.insert("tool_calls".into(), Value::Array(answered));
-            }
-            Rendered { json: Value::Object(message).to_string(), complete, assistant: true }
+            let arguments_len: usize = answered.iter().map(|call| call.function.arguments.len()).sum();
+            let message = AssistantMessage { content: text, role: "assistant", tool_calls: &answered };
+            Rendered { json: json_bytes(&message, text.len() + arguments_len), complete, assistant: true }
         }
         Role::Tool => {
             let mut issued = ledger.answers(entry.id).iter();
             let Some(first) = issued.next() else {
-                return Rendered { json: user(&entry.text), complete: true, assistant: false };
+                return Rendered { json: plain("user"), complete: true, assistant: false };
             };
-            let mut messages =
-                vec![json!({"role": "tool", "tool_call_id": first, "content": entry.text}).to_string()];
+            let mut json =
+                json_bytes(&ToolMessage { content: text, role: "tool", tool_call_id: first }, text.len());
             for other in issued {
-                messages.push(
-                    json!({"role": "tool", "tool_call_id": other, "content": format!("[see {}]", entry.id)})
-                        .to_string(),
-                );
+                let pointer = format!("[see {}]", entry.id);
+                json.push(b',');
+                write_json(&mut json, &ToolMessage { content: &pointer, role: "tool", tool_call_id: other });
             }
-            Rendered { json: messages.join(","), complete: true, assistant: false }
+            Rendered { json, complete: true, assistant: false }
         }
     }
 }
@@ -86,7 +79,7 @@ pub fn body(
         index += 1;
         assembly.advance(index);
     }
-    let mut out = ChunkedBody::open_object(head);
+    let mut out = ChunkedBody::open_object(head, assembly.copied_hint);
     if tier1.has_tools {
         out.put(b"\"tools\":");
         out.put_shared(&tier1.tools_json);
@@ -105,7 +98,9 @@ pub fn body(
             out.put(b",");
         }
     }
-    out.put(json!({"role": "system", "content": packet.telemetry}).to_string().as_bytes());
+    let telemetry = TextMessage { content: &packet.telemetry, role: "system" };
+    out.put(&json_bytes(&telemetry, packet.telemetry.len()));
     out.put(b"]}");
+    assembly.copied_hint = out.copied_len();
     out
 }
