@@ -1,5 +1,7 @@
 //! Tier-3 context status: the JSON of `GET /strata/v1/status` and the telemetry line.
 
+use std::fmt::Write as _;
+
 use serde::{Deserialize, Serialize};
 
 /// Context pressure level.
@@ -45,27 +47,44 @@ pub struct ContextStatus {
 impl ContextStatus {
     /// `Status: Context: 112,000 / 128,000 (87%) | Level: Warning`.
     pub fn telemetry_line(&self) -> String {
-        format!(
-            "Status: Context: {} / {} ({}%) | Level: {}",
-            with_thousands_separators(self.tokens),
-            with_thousands_separators(self.limit),
-            self.percent,
-            self.level
-        )
+        let mut line = String::with_capacity(80);
+        line.push_str("Status: Context: ");
+        push_with_thousands_separators(&mut line, self.tokens);
+        line.push_str(" / ");
+        push_with_thousands_separators(&mut line, self.limit);
+        // Writing into a `String` cannot fail.
+        let _ = write!(line, " ({}%) | Level: {}", self.percent, self.level);
+        line
     }
 }
 
 /// `112000` → `112,000`.
 pub fn with_thousands_separators(value: u64) -> String {
-    let digits = value.to_string();
-    let mut grouped = String::with_capacity(digits.len() + digits.len() / 3);
-    for (index, digit) in digits.chars().enumerate() {
-        if index > 0 && (digits.len() - index).is_multiple_of(3) {
-            grouped.push(',');
-        }
-        grouped.push(digit);
-    }
+    let mut grouped = String::with_capacity(26);
+    push_with_thousands_separators(&mut grouped, value);
     grouped
+}
+
+/// Appends `value` to `out` with its thousands separated by commas.
+fn push_with_thousands_separators(out: &mut String, value: u64) {
+    let mut digits = [0u8; 20];
+    let mut start = digits.len();
+    let mut rest = value;
+    loop {
+        start -= 1;
+        digits[start] = b'0' + (rest % 10) as u8;
+        rest /= 10;
+        if rest == 0 {
+            break;
+        }
+    }
+    let digits = &digits[start..];
+    for (index, digit) in digits.iter().enumerate() {
+        if index > 0 && (digits.len() - index).is_multiple_of(3) {
+            out.push(',');
+        }
+        out.push(char::from(*digit));
+    }
 }
 
 #[cfg(test)]
@@ -79,5 +98,6 @@ mod tests {
         assert_eq!(with_thousands_separators(1_000), "1,000");
         assert_eq!(with_thousands_separators(128_000), "128,000");
         assert_eq!(with_thousands_separators(1_234_567), "1,234,567");
+        assert_eq!(with_thousands_separators(u64::MAX), "18,446,744,073,709,551,615");
     }
 }

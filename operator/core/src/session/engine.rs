@@ -34,7 +34,7 @@ use crate::prefix::{
 };
 use crate::replay::pricing::{Block, block_hash};
 use crate::retention::{ExpiryCandidates, plan_expiry};
-use crate::tokens::{Calibration, TokenCounter, TokenizerError};
+use crate::tokens::{Calibration, DigitShapeCounts, TokenCounter, TokenizerError};
 use crate::tool_output::{
     ElisionCandidates, ElisionPolicy, ToolOutputError, elide_entry, has_elidable_output, plan_elision_among,
     spill,
@@ -408,6 +408,8 @@ pub struct SessionEngine {
     pub(super) storage: Arc<dyn Storage>,
     pub(super) store: Arc<ArtifactStore>,
     counter: TokenCounter,
+    /// The telemetry line's count by its shape (it changes its numbers on every request).
+    telemetry_counts: DigitShapeCounts,
     compiler: ContextCompiler,
     placement: BreakpointPlacement,
     api: Api,
@@ -586,6 +588,7 @@ impl SessionEngine {
             storage,
             store,
             counter,
+            telemetry_counts: DigitShapeCounts::default(),
             compiler: ContextCompiler::new(placeholder, settings.placement),
             placement: settings.placement,
             api: settings.api,
@@ -1599,7 +1602,7 @@ impl SessionEngine {
                 hash: section.source_hash.clone(),
             })
             .collect();
-        let telemetry_tokens = u64::from(self.counter.count(&packet.telemetry));
+        let telemetry_tokens = u64::from(self.telemetry_counts.count(&self.counter, &packet.telemetry));
         let tier2_tokens = self.compiler.context_tokens()
             - self.compiler.volatile_tokens()
             - u64::from(packet.prefix.manifest().total_tokens);

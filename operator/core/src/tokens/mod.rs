@@ -19,6 +19,9 @@
 //! [`TokenizerError::Load`].
 
 mod calibration;
+mod digit_shapes;
+
+pub use digit_shapes::DigitShapeCounts;
 
 pub use calibration::{
     Calibration, DEFAULT_APPROXIMATE_RATIO, EWMA_WEIGHT, MAX_CALIBRATION_RATIO, MIN_CALIBRATION_RATIO,

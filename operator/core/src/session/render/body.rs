@@ -18,8 +18,9 @@ pub trait Sink {
     fn put_shared(&mut self, bytes: &Bytes);
 }
 
-/// Room reserved for a body's copied bytes at most (a request that copies more grows it).
-const COPIED_ROOM_MAX: usize = 64 * 1024;
+/// Room reserved for a body's copied bytes at most (a request that copies more grows it): the end
+/// of jemalloc's small size classes, since a larger buffer comes from fresh pages on every request.
+const COPIED_ROOM_MAX: usize = 14 * 1024;
 
 /// Chunks in order, with their total length. The copied bytes of the whole body go into one
 /// buffer sized from the last request's, and each chunk of them is split off it, so building a
