@@ -20,7 +20,7 @@ pub use render::{id_tag, render_entry};
 use crate::budget::{BudgetError, BudgetPolicy, ContextBudget, ContextStatus};
 use crate::entry::{Entry, EntryId, EntryKind, RetentionClass, Role, ToolCall};
 use crate::prefix::{SectionClass, StablePrefix};
-use crate::tokens::TokenCounter;
+use crate::tokens::{DigitShapeCounts, TokenCounter};
 
 /// Anthropic accepts at most this many cache breakpoints per request.
 pub const MAX_BREAKPOINTS: usize = 4;
@@ -246,6 +246,8 @@ pub struct ContextCompiler {
     placement: BreakpointPlacement,
     volatile_context: String,
     volatile_tokens: u64,
+    /// The ID tags' counts by shape (`[msg_104]` counts as `[msg_000]`).
+    tag_counts: DigitShapeCounts,
 }
 
 impl ContextCompiler {
@@ -263,6 +265,7 @@ impl ContextCompiler {
             placement,
             volatile_context: String::new(),
             volatile_tokens: 0,
+            tag_counts: DigitShapeCounts::default(),
         }
     }
 
@@ -333,7 +336,7 @@ impl ContextCompiler {
 
     fn push(&mut self, entry: &Entry, counter: &TokenCounter) {
         let treatment = self.treatments.get(&entry.id);
-        let rendered = render_entry(entry, treatment, counter);
+        let rendered = render_entry(entry, treatment, counter, &mut self.tag_counts);
         self.tier2.add(&rendered);
         if entry.id.kind() == EntryKind::Summary {
             self.last_summary = Some(self.rendered.len());
@@ -359,7 +362,7 @@ impl ContextCompiler {
             let index = *position.get(&id).ok_or(CompileError::UnknownEntry(id))?;
             let entry = entries.get(index).filter(|e| e.id == id).ok_or(CompileError::UnknownEntry(id))?;
             self.tier2.remove(&self.rendered[index]);
-            let rendered = render_entry(entry, Some(&treatment), counter);
+            let rendered = render_entry(entry, Some(&treatment), counter, &mut self.tag_counts);
             self.tier2.add(&rendered);
             self.rendered[index] = rendered;
             self.treatments.insert(id, treatment);

@@ -1,7 +1,7 @@
 //! Rendering one journal entry for the window: the visible ID tag, and the entry's treatment.
 
 use crate::entry::{Entry, EntryId, Role};
-use crate::tokens::TokenCounter;
+use crate::tokens::{DigitShapeCounts, TokenCounter};
 
 use super::{InclusionReason, RenderedEntry, Treatment};
 
@@ -14,9 +14,15 @@ pub fn id_tag(id: EntryId) -> String {
 }
 
 /// Render `entry` under an optional treatment.
-pub fn render_entry(entry: &Entry, treatment: Option<&Treatment>, counter: &TokenCounter) -> RenderedEntry {
+/// `tag_counts` counts the ID tag by its shape.
+pub fn render_entry(
+    entry: &Entry,
+    treatment: Option<&Treatment>,
+    counter: &TokenCounter,
+    tag_counts: &mut DigitShapeCounts,
+) -> RenderedEntry {
     let tag = id_tag(entry.id);
-    let tag_tokens = u64::from(counter.count(&tag)) + 1;
+    let tag_tokens = u64::from(tag_counts.count(counter, &tag)) + 1;
     let answers_calls: Vec<String> = entry.content.tool_results.iter().map(|r| r.call_id.clone()).collect();
     let (tokens, reason, included) = match treatment {
         None => (entry.tokens + tag_tokens, InclusionReason::Journal, true),
@@ -132,14 +138,23 @@ mod tests {
         ];
         for (text, outputs) in cases {
             let entry = entry(text, outputs);
-            let rendered = render_entry(&entry, None, &counter);
+            let rendered = render_entry(&entry, None, &counter, &mut DigitShapeCounts::default());
             assert_eq!(rendered.text, joined_then_formatted(&entry), "{text:?} {outputs:?}");
         }
         let entry = entry("text", &["a"]);
         let replace = |text: &str| Treatment::Replace { text: text.into(), reason: InclusionReason::Elided };
         let tag = id_tag(entry.id);
-        assert_eq!(render_entry(&entry, Some(&replace("short")), &counter).text, format!("{tag} short"));
-        assert_eq!(render_entry(&entry, Some(&replace("")), &counter).text, tag);
-        assert_eq!(render_entry(&entry, Some(&Treatment::Omit), &counter).text, tag);
+        assert_eq!(
+            render_entry(&entry, Some(&replace("short")), &counter, &mut DigitShapeCounts::default()).text,
+            format!("{tag} short")
+        );
+        assert_eq!(
+            render_entry(&entry, Some(&replace("")), &counter, &mut DigitShapeCounts::default()).text,
+            tag
+        );
+        assert_eq!(
+            render_entry(&entry, Some(&Treatment::Omit), &counter, &mut DigitShapeCounts::default()).text,
+            tag
+        );
     }
 }
