@@ -532,7 +532,7 @@ mod tests {
         for size in [100, WHOLE_BODY_BELOW_BYTES + 100] {
             let mut head = serde_json::Map::new();
             head.insert("pad".into(), "x".repeat(size).into());
-            let body = ChunkedBody::open_object(head);
+            let body = ChunkedBody::open_object(head, 0);
             let answer = upstream.post(&settings, "chat/completions", body, &HeaderMap::new(), false).await;
             assert!(
                 matches!(&answer, Err(GatewayError::UpstreamStatus { status, .. }) if status.as_u16() == 307),
