@@ -27,25 +27,37 @@ pub fn write_json(out: impl std::io::Write, value: &impl Serialize) {
     }
 }
 
-/// A message of plain text: `{"content":…,"role":…}`.
+/// An OpenAI chat message: `{"content":…,"role":…}`, with `tool_call_id` for a tool result and
+/// `tool_calls` for an assistant's answered calls (each left out when absent).
 #[derive(Serialize)]
-pub struct TextMessage<'a> {
+pub struct ChatMessage<'a> {
     /// The text.
     pub content: &'a str,
-    /// `user` or `system`.
+    /// `user`, `system`, `assistant` or `tool`.
     pub role: &'static str,
-}
-
-/// An OpenAI assistant message: `{"content":…,"role":"assistant","tool_calls":[…]}`.
-#[derive(Serialize)]
-pub struct AssistantMessage<'a> {
-    /// The text.
-    pub content: &'a str,
-    /// Always `assistant`.
-    pub role: &'static str,
-    /// The answered tool calls; left out when there are none.
+    /// The call a tool result answers.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tool_call_id: Option<&'a str>,
+    /// An assistant's answered tool calls.
     #[serde(skip_serializing_if = "<[_]>::is_empty")]
     pub tool_calls: &'a [OpenAiToolCall<'a>],
+}
+
+impl<'a> ChatMessage<'a> {
+    /// A message of `content` alone.
+    pub fn text(role: &'static str, content: &'a str) -> Self {
+        Self { content, role, tool_call_id: None, tool_calls: &[] }
+    }
+
+    /// A tool result answering `call_id`.
+    pub fn tool(content: &'a str, call_id: &'a str) -> Self {
+        Self { content, role: "tool", tool_call_id: Some(call_id), tool_calls: &[] }
+    }
+
+    /// An assistant's answer with its answered `calls`.
+    pub fn assistant(content: &'a str, calls: &'a [OpenAiToolCall<'a>]) -> Self {
+        Self { content, role: "assistant", tool_call_id: None, tool_calls: calls }
+    }
 }
 
 /// One OpenAI tool call: `{"function":{"arguments":…,"name":…},"id":…,"type":"function"}`.
@@ -67,17 +79,6 @@ pub struct OpenAiFunction<'a> {
     pub arguments: &'a str,
     /// The function's name.
     pub name: &'a str,
-}
-
-/// An OpenAI tool result: `{"content":…,"role":"tool","tool_call_id":…}`.
-#[derive(Serialize)]
-pub struct ToolMessage<'a> {
-    /// The result's text.
-    pub content: &'a str,
-    /// Always `tool`.
-    pub role: &'static str,
-    /// The call it answers.
-    pub tool_call_id: &'a str,
 }
 
 /// An Anthropic text block: `{"text":…,"type":"text"}`.
@@ -113,9 +114,9 @@ mod tests {
     #[test]
     fn messages_print_the_bytes_of_the_maps_they_replace() {
         for text in TEXTS {
-            let user = json_bytes(&TextMessage { content: text, role: "user" }, text.len());
+            let user = json_bytes(&ChatMessage::text("user", text), text.len());
             assert_eq!(user, json!({"role": "user", "content": text}).to_string().into_bytes());
-            let tool = json_bytes(&ToolMessage { content: text, role: "tool", tool_call_id: "call_1" }, 0);
+            let tool = json_bytes(&ChatMessage::tool(text, "call_1"), 0);
             let expected = json!({"role": "tool", "tool_call_id": "call_1", "content": text});
             assert_eq!(tool, expected.to_string().into_bytes());
             let block = json_bytes(&TextBlock::of(text), 0);
@@ -131,16 +132,14 @@ mod tests {
                 id: "call_9",
                 kind: "function",
             }];
-            let with_calls =
-                json_bytes(&AssistantMessage { content: text, role: "assistant", tool_calls: &calls }, 0);
+            let with_calls = json_bytes(&ChatMessage::assistant(text, &calls), 0);
             let expected = json!({
                 "role": "assistant",
                 "content": text,
                 "tool_calls": [{"id": "call_9", "type": "function", "function": {"name": "read_file", "arguments": text}}]
             });
             assert_eq!(with_calls, expected.to_string().into_bytes());
-            let without =
-                json_bytes(&AssistantMessage { content: text, role: "assistant", tool_calls: &[] }, 0);
+            let without = json_bytes(&ChatMessage::assistant(text, &[]), 0);
             assert_eq!(without, json!({"role": "assistant", "content": text}).to_string().into_bytes());
         }
     }

@@ -6,16 +6,14 @@ use serde_json::{Map, Value};
 
 use super::body::{Assembly, ChunkedBody, Sink};
 use super::fragments::{FragmentCache, Rendered};
-use super::json_write::{
-    AssistantMessage, OpenAiFunction, OpenAiToolCall, TextMessage, ToolMessage, json_bytes, write_json,
-};
+use super::json_write::{ChatMessage, OpenAiFunction, OpenAiToolCall, json_bytes, write_json};
 use super::ledger::CallLedger;
 use super::tier1::Tier1Json;
 
 /// One Tier-2 entry as OpenAI message JSON (one or more messages, comma-separated).
 pub fn fragment(entry: &RenderedEntry, ledger: &CallLedger) -> Rendered {
     let text = entry.text.as_str();
-    let plain = |role| json_bytes(&TextMessage { content: text, role }, text.len());
+    let plain = |role| json_bytes(&ChatMessage::text(role, text), text.len());
     match entry.role {
         Role::User => Rendered { json: plain("user"), complete: true, assistant: false },
         Role::System => Rendered { json: plain("system"), complete: true, assistant: false },
@@ -32,7 +30,7 @@ pub fn fragment(entry: &RenderedEntry, ledger: &CallLedger) -> Rendered {
                 .collect();
             let complete = answered.len() == entry.tool_calls.len() || !ledger.is_open(entry.id);
             let arguments_len: usize = answered.iter().map(|call| call.function.arguments.len()).sum();
-            let message = AssistantMessage { content: text, role: "assistant", tool_calls: &answered };
+            let message = ChatMessage::assistant(text, &answered);
             Rendered { json: json_bytes(&message, text.len() + arguments_len), complete, assistant: true }
         }
         Role::Tool => {
@@ -40,12 +38,11 @@ pub fn fragment(entry: &RenderedEntry, ledger: &CallLedger) -> Rendered {
             let Some(first) = issued.next() else {
                 return Rendered { json: plain("user"), complete: true, assistant: false };
             };
-            let mut json =
-                json_bytes(&ToolMessage { content: text, role: "tool", tool_call_id: first }, text.len());
+            let mut json = json_bytes(&ChatMessage::tool(text, first), text.len());
             for other in issued {
                 let pointer = format!("[see {}]", entry.id);
                 json.push(b',');
-                write_json(&mut json, &ToolMessage { content: &pointer, role: "tool", tool_call_id: other });
+                write_json(&mut json, &ChatMessage::tool(&pointer, other));
             }
             Rendered { json, complete: true, assistant: false }
         }
@@ -98,7 +95,7 @@ pub fn body(
             out.put(b",");
         }
     }
-    let telemetry = TextMessage { content: &packet.telemetry, role: "system" };
+    let telemetry = ChatMessage::text("system", &packet.telemetry);
     out.put(&json_bytes(&telemetry, packet.telemetry.len()));
     out.put(b"]}");
     assembly.copied_hint = out.copied_len();
