@@ -24,24 +24,23 @@ pub fn render_entry(
     let tag = id_tag(entry.id);
     let tag_tokens = u64::from(tag_counts.count(counter, &tag)) + 1;
     let answers_calls: Vec<String> = entry.content.tool_results.iter().map(|r| r.call_id.clone()).collect();
+    // The tag, then a space and the body when there is one, written once into a string of its size.
+    let mut text = tag;
     let (tokens, reason, included) = match treatment {
-        None => (entry.tokens + tag_tokens, InclusionReason::Journal, true),
-        Some(Treatment::Replace { text, reason }) => {
-            (u64::from(counter.count(text)) + tag_tokens, *reason, true)
+        None => {
+            append_journal_body(&mut text, entry);
+            (entry.tokens + tag_tokens, InclusionReason::Journal, true)
+        }
+        Some(Treatment::Replace { text: replacement, reason }) => {
+            if !replacement.is_empty() {
+                text.reserve_exact(1 + replacement.len());
+                text.push(' ');
+                text.push_str(replacement);
+            }
+            (u64::from(counter.count(replacement)) + tag_tokens, *reason, true)
         }
         Some(Treatment::Omit) => (0, InclusionReason::Expired, false),
     };
-    // The tag, then a space and the body when there is one, written once into a string of its size.
-    let mut text = tag;
-    match treatment {
-        None => append_journal_body(&mut text, entry),
-        Some(Treatment::Replace { text: replacement, .. }) if !replacement.is_empty() => {
-            text.reserve_exact(1 + replacement.len());
-            text.push(' ');
-            text.push_str(replacement);
-        }
-        Some(_) => {}
-    }
     RenderedEntry {
         id: entry.id,
         role: entry.role,
@@ -65,10 +64,10 @@ pub fn render_entry(
 fn append_journal_body(text: &mut String, entry: &Entry) {
     let content = &entry.content;
     let results = &content.tool_results;
-    let body_len = content.text.len() + results.iter().map(|result| 1 + result.output.len()).sum::<usize>();
     if content.text.is_empty() && results.iter().all(|result| result.output.is_empty()) {
         return;
     }
+    let body_len = content.text.len() + results.iter().map(|result| 1 + result.output.len()).sum::<usize>();
     text.reserve_exact(1 + body_len);
     text.push(' ');
     text.push_str(&content.text);

@@ -319,32 +319,33 @@ impl Journal {
     }
 
     fn encode(&self, entry: &Entry) -> Result<Vec<u8>, JournalError> {
+        let mut payload = Vec::new();
+        self.encode_after(entry, &mut payload)?;
+        Ok(payload)
+    }
+
+    /// Appends `entry`'s payload to `out`, refusing one over the record limit (then `out` holds
+    /// only what it held before).
+    fn encode_after(&self, entry: &Entry, out: &mut Vec<u8>) -> Result<(), JournalError> {
         let encode_error =
             |reason: String| JournalError::Encode { path: self.log_path.clone(), id: entry.id, reason };
-        let payload = serde_json::to_vec(entry).map_err(|error| encode_error(error.to_string()))?;
-        if payload.len() > MAX_PAYLOAD_LEN {
+        let start = out.len();
+        serde_json::to_writer(&mut *out, entry).map_err(|error| encode_error(error.to_string()))?;
+        let payload_len = out.len() - start;
+        if payload_len > MAX_PAYLOAD_LEN {
+            out.truncate(start);
             return Err(encode_error(format!(
-                "{} bytes exceed the record limit of {MAX_PAYLOAD_LEN}",
-                payload.len()
+                "{payload_len} bytes exceed the record limit of {MAX_PAYLOAD_LEN}"
             )));
         }
-        Ok(payload)
+        Ok(())
     }
 
     /// `entry` framed as a record in `frame` (its earlier bytes replaced): the payload is written
     /// once, after room for the prefix, instead of being encoded and then copied into a frame.
     fn encode_frame_into(&self, entry: &Entry, frame: &mut Vec<u8>) -> Result<(), JournalError> {
-        let encode_error =
-            |reason: String| JournalError::Encode { path: self.log_path.clone(), id: entry.id, reason };
         record::start_frame(frame);
-        serde_json::to_writer(&mut *frame, entry).map_err(|error| encode_error(error.to_string()))?;
-        let payload_len = frame.len() - record::FRAME_PREFIX_LEN;
-        if payload_len > MAX_PAYLOAD_LEN {
-            frame.clear();
-            return Err(encode_error(format!(
-                "{payload_len} bytes exceed the record limit of {MAX_PAYLOAD_LEN}"
-            )));
-        }
+        self.encode_after(entry, frame)?;
         record::seal_frame(frame);
         Ok(())
     }
