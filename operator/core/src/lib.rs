@@ -22,6 +22,7 @@ pub mod purge;
 pub mod redaction;
 pub mod replay;
 pub mod retention;
+pub mod room_ahead;
 pub mod session;
 pub mod tokens;
 pub mod tool_output;

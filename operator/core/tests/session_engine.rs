@@ -27,6 +27,18 @@ fn user(text: String) -> Turn {
     Turn { role: Role::User, content: Content::text(text) }
 }
 
+/// Call `call` of a stateful session (no request key), at `call` seconds.
+fn stateful_turn<'a>(chat: &'a ChatRequest, label: &str, call: usize) -> TurnRequest<'a> {
+    TurnRequest {
+        request: chat,
+        transparent: false,
+        request_key: None,
+        operation_id: OperationId::from_request(label, &call.to_le_bytes()),
+        head: Map::new(),
+        now_ms: 1_000 * call as u64,
+    }
+}
+
 /// Drives `calls` turns of about 2k tokens each through a stateful session; returns how many were
 /// blocked and how many compactions ran.
 fn drive(settings: &SessionSettings, calls: usize) -> (usize, u64) {
@@ -35,15 +47,7 @@ fn drive(settings: &SessionSettings, calls: usize) -> (usize, u64) {
     for call in 0..calls {
         let text = format!("step {call}: {}", "lorem ipsum dolor sit amet ".repeat(400));
         let chat = request(vec![user(text)]);
-        let turn = TurnRequest {
-            request: &chat,
-            transparent: false,
-            request_key: None,
-            operation_id: OperationId::from_request("test", &call.to_le_bytes()),
-            head: Map::new(),
-            now_ms: 1_000 * call as u64,
-        };
-        match engine.begin_turn(settings, turn).unwrap() {
+        match engine.begin_turn(settings, stateful_turn(&chat, "test", call)).unwrap() {
             TurnOutcome::Blocked(_) => blocked += 1,
             TurnOutcome::NeedsWholeHistory => panic!("asked for whole turns, and every turn was whole"),
             TurnOutcome::Admitted(admitted) => {
@@ -966,4 +970,36 @@ fn a_regenerate_after_a_compaction_that_kept_only_a_critical_turn_loses_none_of_
     transparent_call(&mut engine, &settings, &history, "done 4").unwrap();
     transparent_call(&mut engine, &settings, &history[..5], "done 2, again").unwrap();
     assert_regenerated(&engine, &history[..5]);
+}
+
+/// One stateful turn with a short message and a short answer; returns the upstream body.
+fn short_turn(engine: &mut SessionEngine, settings: &SessionSettings, call: usize) -> Vec<u8> {
+    let chat = request(vec![user(format!("short step {call}"))]);
+    let TurnOutcome::Admitted(admitted) =
+        engine.begin_turn(settings, stateful_turn(&chat, "room", call)).unwrap()
+    else {
+        panic!("a short turn is admitted");
+    };
+    let answer = AssistantOutput { text: format!("ok {call}"), ..AssistantOutput::default() };
+    engine.record_answer(settings, &admitted.first_call, &answer, 1_000 * call as u64).unwrap();
+    admitted.first_call.body.to_vec()
+}
+
+#[test]
+fn room_made_between_turns_keeps_the_lists_ahead_and_changes_no_body() {
+    let settings = SessionSettings::defaults(Api::OpenAi, 1_000_000);
+    let mut kept_ahead = SessionEngine::in_memory(&settings, 0).unwrap();
+    let mut left_alone = SessionEngine::in_memory(&settings, 0).unwrap();
+    let mut made = 0;
+    for call in 0..400 {
+        let body = short_turn(&mut kept_ahead, &settings, call);
+        assert_eq!(body, short_turn(&mut left_alone, &settings, call), "turn {call}: room changes no output");
+        if kept_ahead.room_low() {
+            kept_ahead.make_room();
+            made += 1;
+            assert!(!kept_ahead.room_low(), "turn {call}: room was made");
+        }
+    }
+    // 800 entries from empty: the lists double a handful of times, each once ahead of need.
+    assert!((3..=12).contains(&made), "room was made {made} times");
 }

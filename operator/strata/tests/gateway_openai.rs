@@ -446,3 +446,38 @@ async fn a_tool_block_sent_again_is_kept_and_a_changed_one_reaches_the_upstream(
     assert_eq!(status, 400, "{answer}");
     assert_eq!(answer["error"]["message"], "`tools` must be an array");
 }
+
+/// The value of the counter `name` in a Prometheus text exposition (0 when absent).
+fn counter(metrics: &str, name: &str) -> u64 {
+    metrics
+        .lines()
+        .find_map(|line| line.strip_prefix(name).and_then(|rest| rest.trim().parse().ok()))
+        .unwrap_or(0)
+}
+
+#[tokio::test]
+async fn history_lists_close_to_full_are_grown_after_the_answer_and_then_left_alone() {
+    const ROOM_MADE: &str = "strata_gateway_history_room_made_total";
+    let fake = FakeUpstream::start().await;
+    let gateway = Harness::start(&fake, Provider::OpenAI, |_| {}).await;
+    let mut messages = vec![json!({"role": "user", "content": "Hello"})];
+    let (status, answer) = gateway.post_json(CHAT, &json!({"model": "m", "messages": messages}), &[]).await;
+    assert_eq!(status, 200, "{answer}");
+    // A new journal's lists hold two entries with room for a few more: they are grown in a task
+    // of their own after the answer.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while counter(&gateway.metrics().await, ROOM_MADE) == 0 {
+        assert!(std::time::Instant::now() < deadline, "no room was made after the first answer");
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    // Doubled ahead, they have room for the next turns: nothing is grown again.
+    for turn in 0..3 {
+        messages.push(answer["choices"][0]["message"].clone());
+        messages.push(json!({"role": "user", "content": format!("And then {turn}?")}));
+        let (status, reply) =
+            gateway.post_json(CHAT, &json!({"model": "m", "messages": messages}), &[]).await;
+        assert_eq!(status, 200, "{reply}");
+    }
+    tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    assert_eq!(counter(&gateway.metrics().await, ROOM_MADE), 1, "room is made once, not per request");
+}

@@ -299,6 +299,16 @@ impl ContextCompiler {
         &self.prefix
     }
 
+    /// Whether the list of rendered entries is close to reallocating (see [`crate::room_ahead`]).
+    pub fn room_low(&self) -> bool {
+        crate::room_ahead::is_low(&self.rendered)
+    }
+
+    /// Grows the list of rendered entries ahead of need when its room is low.
+    pub fn make_room(&mut self) {
+        crate::room_ahead::make(&mut self.rendered);
+    }
+
     /// Tokens of Tier 1 plus the included Tier-2 entries.
     pub fn context_tokens(&self) -> u64 {
         self.prefix_tokens + self.tier2.total() + self.volatile_tokens

@@ -287,6 +287,16 @@ impl Journal {
         &self.entries
     }
 
+    /// Whether the in-memory list of entries is close to reallocating (see [`crate::room_ahead`]).
+    pub fn room_low(&self) -> bool {
+        crate::room_ahead::is_low(&self.entries)
+    }
+
+    /// Grows the in-memory list of entries ahead of need when its room is low.
+    pub fn make_room(&mut self) {
+        crate::room_ahead::make(&mut self.entries);
+    }
+
     /// Sum of the stored token counts of [`Journal::entries`].
     pub fn total_tokens(&self) -> u64 {
         self.total_tokens

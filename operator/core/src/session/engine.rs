@@ -1185,6 +1185,25 @@ impl SessionEngine {
         Ok(())
     }
 
+    /// Whether a list that grows with every entry (the journal's entries, the compiler's rendered
+    /// entries, the cached fragments, a transparent session's index) is close to reallocating: the caller should run
+    /// [`Self::make_room`] after answering, so the next request does not pay for the copy.
+    pub fn room_low(&self) -> bool {
+        self.journal.room_low()
+            || self.compiler.room_low()
+            || self.fragments.room_low()
+            || self.transparent.room_low()
+    }
+
+    /// Grows the lists [`Self::room_low`] watches ahead of need (see [`crate::room_ahead`]). Writes
+    /// nothing and changes no output.
+    pub fn make_room(&mut self) {
+        self.journal.make_room();
+        self.compiler.make_room();
+        self.fragments.make_room();
+        self.transparent.make_room();
+    }
+
     /// Counts every write that still needs an fsync.
     pub fn appended_seq(&self) -> u64 {
         self.appended_seq

@@ -133,6 +133,22 @@ impl IndexError {
 }
 
 impl TransparentIndex {
+    /// Whether the index's tables are close to reallocating (see [`crate::room_ahead`]). An index
+    /// not in use (a stateful session's) is left alone.
+    pub fn room_low(&self) -> bool {
+        !self.known.is_empty()
+            && (crate::room_ahead::is_low(&self.known) || crate::room_ahead::is_low(&self.holders))
+    }
+
+    /// Grows the index's tables ahead of need when their room is low (an index in use only).
+    pub fn make_room(&mut self) {
+        if self.known.is_empty() {
+            return;
+        }
+        crate::room_ahead::make(&mut self.known);
+        crate::room_ahead::make(&mut self.holders);
+    }
+
     /// An index kept in memory only (replay).
     pub fn in_memory() -> Self {
         Self { known: HashMap::new(), holders: HashSet::new(), file: None }

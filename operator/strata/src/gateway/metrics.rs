@@ -111,6 +111,8 @@ pub struct Metrics {
     pub tool_schemas_loaded: IntCounterVec,
     /// Upstream calls repeated after the model called a tool it saw only summarised.
     pub tool_schema_retries: IntCounter,
+    /// Times the engine's history lists were grown ahead of need, beside a request.
+    pub room_made: IntCounter,
     /// Delegation results entered as digests, by source (structured, extractive).
     pub delegation_digests: IntCounterVec,
     /// Tokens of delegation results, full (artifact store) and returned (parent context).
@@ -412,6 +414,11 @@ impl Metrics {
                 &registry,
                 "strata_gateway_tool_schema_retries_total",
                 "Upstream calls repeated, invisibly to the client, because the model called a tool it saw only summarised",
+            )?,
+            room_made: counter(
+                &registry,
+                "strata_gateway_history_room_made_total",
+                "Times the lists that grow with the history were doubled ahead of need, beside a request instead of inside one",
             )?,
             delegation_digests: counter_vec(
                 &registry,

@@ -101,6 +101,28 @@ impl Gateway {
         self.engine.run(Placement::Blocking, self.live.get(), work).await
     }
 
+    /// Grows the engine's lists that are close to reallocating, in a task of its own on the
+    /// blocking pool: the copy is paid beside the request that found them low, not inside the next
+    /// one (see [`strata_core::room_ahead`]). It writes nothing; a failure only leaves the growth to
+    /// a later push.
+    fn make_room_aside(&self) {
+        let engine = Arc::clone(&self.engine);
+        let settings = self.live.get();
+        let made_count = self.metrics.room_made.clone();
+        tokio::spawn(async move {
+            let made = engine
+                .run(Placement::Blocking, settings, |engine| {
+                    engine.make_room();
+                    Ok(())
+                })
+                .await;
+            match made {
+                Ok(()) => made_count.inc(),
+                Err(error) => tracing::debug!(%error, "room ahead of the history not made"),
+            }
+        });
+    }
+
     /// Runs a request's engine call in place (see [`EngineHost::run`]) and returns once
     /// its writes are durable.
     async fn with_engine_in_place<T: Send + 'static>(
@@ -467,18 +489,21 @@ async fn record_round(
     let api = prepared.request.api;
     // Only a transparent session remembers its answer, and only it needs the earlier texts.
     let mut texts = chain_tail.map(|_| earlier_texts.to_vec());
-    let (effects, call, ask) = gateway
+    let (effects, call, ask, room_low) = gateway
         .with_engine_in_place(move |engine| {
             let effects = engine.record_answer(&settings.session, &call, &answer, now_ms())?;
             if let Some(texts) = texts.as_mut().filter(|_| !effects.internal) {
                 texts.push(answer.text.clone());
                 engine.remember_answer(chain_tail, &visible_turn(api, texts, &answer))?;
             }
-            Ok((effects, call, engine.take_compaction_ask()))
+            Ok((effects, call, engine.take_compaction_ask(), engine.room_low()))
         })
         .await?;
     if let Some(ask) = ask {
         gateway.compactor.start(ask);
+    }
+    if room_low {
+        gateway.make_room_aside();
     }
     let metrics = &gateway.metrics;
     for name in &effects.memory_calls {

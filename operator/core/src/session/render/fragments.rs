@@ -43,6 +43,16 @@ pub struct FragmentCache {
 }
 
 impl FragmentCache {
+    /// Whether the list of fragments is close to reallocating (see [`crate::room_ahead`]).
+    pub fn room_low(&self) -> bool {
+        crate::room_ahead::is_low(&self.items)
+    }
+
+    /// Grows the list of fragments ahead of need when its room is low.
+    pub fn make_room(&mut self) {
+        crate::room_ahead::make(&mut self.items);
+    }
+
     /// The fragment of `entry` at `index`, rendered with `render` when missing, stale or incomplete.
     pub fn get(
         &mut self,
