@@ -98,3 +98,23 @@ fn torn_tail_on_disk_is_truncated_and_reported() {
     assert_eq!(truncated.bytes + truncated.offset, bytes.len() as u64 - 3);
     assert_eq!(journal.next_entry_number(), 2);
 }
+
+#[test]
+fn an_entry_appended_in_place_is_the_one_kept_and_read_back() {
+    let dir = tempfile::tempdir().unwrap();
+    let options = JournalOptions {
+        sync_policy: SyncPolicy::Batched { max_pending: 0 },
+        ..JournalOptions::new("kept", 1)
+    };
+    let (mut journal, _) = Journal::open(Arc::new(StdStorage), dir.path(), options.clone()).unwrap();
+    let copied = journal.append(draft("first", 3)).unwrap();
+    let kept = journal.append_kept(draft("second", 4)).unwrap().clone();
+    assert_eq!(kept.id.number(), copied.id.number() + 1);
+    assert_eq!(kept.content.text, "second");
+    assert_eq!(journal.entries(), [copied, kept]);
+    journal.sync().unwrap();
+    let entries = journal.entries().to_vec();
+    drop(journal);
+    let (reopened, _) = Journal::open(Arc::new(StdStorage), dir.path(), options).unwrap();
+    assert_eq!(reopened.entries(), entries, "both appends are read back the same");
+}

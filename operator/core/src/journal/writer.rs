@@ -363,6 +363,12 @@ impl Journal {
     /// Assigns the next ID, appends the entry, and syncs according to the policy. The entry is
     /// durable when this returns under [`SyncPolicy::EveryAppend`], otherwise after `sync`.
     pub fn append(&mut self, draft: EntryDraft) -> Result<Entry, JournalError> {
+        self.append_kept(draft).cloned()
+    }
+
+    /// [`Journal::append`] without a copy: the entry is moved into the journal's list and
+    /// returned by reference.
+    pub fn append_kept(&mut self, draft: EntryDraft) -> Result<&Entry, JournalError> {
         self.check_poison()?;
         let entry = draft.into_entry(self.next_number);
         let mut frame = std::mem::take(&mut self.frame);
@@ -374,7 +380,8 @@ impl Journal {
         self.poison_on_error(written)?;
         self.next_number += 1;
         self.total_tokens += entry.tokens;
-        self.entries.push(entry.clone());
+        let kept_at = self.entries.len();
+        self.entries.push(entry);
         self.unsynced += 1;
         let sync_now = match self.options.sync_policy {
             SyncPolicy::EveryAppend => true,
@@ -383,7 +390,7 @@ impl Journal {
         if sync_now {
             self.sync()?;
         }
-        Ok(entry)
+        Ok(&self.entries[kept_at])
     }
 
     /// Makes every appended entry durable. A failure poisons the writer (fsync is never retried).

@@ -1523,20 +1523,21 @@ impl SessionEngine {
         }
         let mut ids = Vec::with_capacity(drafts.len());
         for draft in drafts {
-            ids.push(self.journal.append(draft)?.id);
+            ids.push(self.journal.append_kept(draft)?.id);
         }
         self.appended_seq += 1;
         Ok((self.sync_window()?, ids))
     }
 
-    /// Appends an entry produced by the gateway itself (assistant answer or memory-tool result).
+    /// Appends an entry produced by the gateway itself (assistant answer or memory-tool result);
+    /// returns its ID.
     pub fn append_own(
         &mut self,
         settings: &SessionSettings,
         role: Role,
         content: Content,
         now_ms: u64,
-    ) -> Result<Entry, EngineError> {
+    ) -> Result<EntryId, EngineError> {
         let redact = |text: &str| match &settings.redactor {
             Some(redactor) => redactor.redact(text).text.into_owned(),
             None => text.to_owned(),
@@ -1575,10 +1576,10 @@ impl SessionEngine {
             created_at_ms: now_ms,
             artifact_refs: Vec::new(),
         };
-        let entry = self.journal.append(draft)?;
+        let id = self.journal.append_kept(draft)?.id;
         self.appended_seq += 1;
         self.sync_window()?;
-        Ok(entry)
+        Ok(id)
     }
 
     /// Takes back a vector of chain values a transparent request is done with (its

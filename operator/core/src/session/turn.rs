@@ -134,6 +134,18 @@ pub struct AssistantOutput {
 }
 
 impl AssistantOutput {
+    /// A copy without the upstream's raw JSON, which only the client's answer is built from.
+    pub fn without_raw(&self) -> AssistantOutput {
+        AssistantOutput {
+            id: self.id.clone(),
+            text: self.text.clone(),
+            tool_calls: self.tool_calls.clone(),
+            stop_reason: self.stop_reason.clone(),
+            usage: self.usage,
+            raw: None,
+        }
+    }
+
     /// The assistant turn as the client sees it: memory tool calls removed.
     pub fn visible_turn(&self, is_memory_tool: impl Fn(&str) -> bool) -> Turn {
         Turn {
@@ -167,5 +179,32 @@ pub fn text_of(content: &Value) -> Result<String, String> {
             Ok(texts.join("\n"))
         }
         other => Err(format!("{other}")),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_copy_without_raw_keeps_everything_else() {
+        let output = AssistantOutput {
+            id: "chatcmpl-1".into(),
+            text: "done".into(),
+            tool_calls: vec![ToolCall {
+                call_id: "c1".into(),
+                name: "grep".into(),
+                arguments_json: "{}".into(),
+            }],
+            stop_reason: "tool_calls".into(),
+            usage: Some(Usage { prompt_tokens: 10, completion_tokens: 2, ..Usage::default() }),
+            raw: Some(serde_json::json!({"id": "chatcmpl-1"})),
+        };
+        let copy = output.without_raw();
+        assert_eq!(copy.raw, None);
+        assert_eq!(
+            (copy.id, copy.text, copy.tool_calls, copy.stop_reason, copy.usage),
+            (output.id, output.text, output.tool_calls, output.stop_reason, output.usage)
+        );
     }
 }

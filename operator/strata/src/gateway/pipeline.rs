@@ -427,7 +427,7 @@ async fn load_summarised(
         return Ok(Some(call));
     }
     let settings = Arc::clone(&prepared.settings);
-    let answer = output.clone();
+    let answer = output.without_raw();
     let loaded = gateway
         .with_engine_in_place(move |engine| engine.deliver_schemas(&settings.session, &answer, now_ms()))
         .await?;
@@ -484,7 +484,7 @@ async fn record_round(
 ) -> Result<bool, GatewayError> {
     let started = Instant::now();
     let settings = Arc::clone(&prepared.settings);
-    let answer = output.clone();
+    let answer = output.without_raw();
     let chain_tail = prepared.chain_tail;
     let api = prepared.request.api;
     // Only a transparent session remembers its answer, and only it needs the earlier texts.
