@@ -52,11 +52,13 @@ pub fn is_low(list: &impl Room) -> bool {
 }
 
 /// Doubles `list`'s room when it is low, to at least twice [`ROOM_AHEAD`] free places: a list is
-/// low again only after [`ROOM_AHEAD`] more elements, however short it is.
-pub fn make(list: &mut impl Room) {
-    if is_low(list) {
+/// low again only after [`ROOM_AHEAD`] more elements, however short it is. Returns whether it grew.
+pub fn make(list: &mut impl Room) -> bool {
+    let low = is_low(list);
+    if low {
         list.reserve_more(list.held().max(2 * ROOM_AHEAD));
     }
+    low
 }
 
 #[cfg(test)]
@@ -71,11 +73,11 @@ mod tests {
         assert!(!is_low(&list), "room for exactly ROOM_AHEAD pushes is enough");
         list.push(0);
         assert!(is_low(&list), "one place fewer is low");
-        make(&mut list);
+        assert!(make(&mut list), "low room is grown");
         assert!(list.capacity() >= 2 * (capacity - ROOM_AHEAD + 1), "doubled: {}", list.capacity());
         assert!(!is_low(&list));
         let room = list.capacity();
-        make(&mut list);
+        assert!(!make(&mut list), "enough room is left alone");
         assert_eq!(list.capacity(), room, "enough room is not grown again");
         let before = list.as_ptr();
         list.extend(0..ROOM_AHEAD as u64);

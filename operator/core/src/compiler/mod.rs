@@ -304,9 +304,9 @@ impl ContextCompiler {
         crate::room_ahead::is_low(&self.rendered)
     }
 
-    /// Grows the list of rendered entries ahead of need when its room is low.
-    pub fn make_room(&mut self) {
-        crate::room_ahead::make(&mut self.rendered);
+    /// Grows the list of rendered entries ahead of need when its room is low; returns whether it grew.
+    pub fn make_room(&mut self) -> bool {
+        crate::room_ahead::make(&mut self.rendered)
     }
 
     /// Tokens of Tier 1 plus the included Tier-2 entries.

@@ -292,9 +292,9 @@ impl Journal {
         crate::room_ahead::is_low(&self.entries)
     }
 
-    /// Grows the in-memory list of entries ahead of need when its room is low.
-    pub fn make_room(&mut self) {
-        crate::room_ahead::make(&mut self.entries);
+    /// Grows the in-memory list of entries ahead of need when its room is low; returns whether it grew.
+    pub fn make_room(&mut self) -> bool {
+        crate::room_ahead::make(&mut self.entries)
     }
 
     /// Sum of the stored token counts of [`Journal::entries`].

@@ -1195,13 +1195,17 @@ impl SessionEngine {
             || self.transparent.room_low()
     }
 
-    /// Grows the lists [`Self::room_low`] watches ahead of need (see [`crate::room_ahead`]). Writes
-    /// nothing and changes no output.
-    pub fn make_room(&mut self) {
-        self.journal.make_room();
-        self.compiler.make_room();
-        self.fragments.make_room();
-        self.transparent.make_room();
+    /// Grows the lists [`Self::room_low`] watches ahead of need (see [`crate::room_ahead`]); returns
+    /// whether one grew. Writes nothing and changes no output.
+    pub fn make_room(&mut self) -> bool {
+        // Each list is grown, not only up to the first low one.
+        let grown = [
+            self.journal.make_room(),
+            self.compiler.make_room(),
+            self.fragments.make_room(),
+            self.transparent.make_room(),
+        ];
+        grown.contains(&true)
     }
 
     /// Counts every write that still needs an fsync.

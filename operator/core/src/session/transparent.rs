@@ -140,13 +140,14 @@ impl TransparentIndex {
             && (crate::room_ahead::is_low(&self.known) || crate::room_ahead::is_low(&self.holders))
     }
 
-    /// Grows the index's tables ahead of need when their room is low (an index in use only).
-    pub fn make_room(&mut self) {
+    /// Grows the index's tables ahead of need when their room is low (an index in use only);
+    /// returns whether one grew.
+    pub fn make_room(&mut self) -> bool {
         if self.known.is_empty() {
-            return;
+            return false;
         }
-        crate::room_ahead::make(&mut self.known);
-        crate::room_ahead::make(&mut self.holders);
+        let known = crate::room_ahead::make(&mut self.known);
+        crate::room_ahead::make(&mut self.holders) | known
     }
 
     /// An index kept in memory only (replay).

@@ -345,6 +345,7 @@ fn assemble(
         engine,
         compactor,
         sweeps: sweeper::SweepLog::default(),
+        room_pending: Default::default(),
         upstream,
         metrics,
         pending: pending::PendingOperations::new(args.max_held_bytes, held_state),

@@ -12,6 +12,7 @@
 //! error event in its provider's shape and journals nothing of that round.
 
 use std::convert::Infallible;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
@@ -90,6 +91,8 @@ pub struct Gateway {
     pub compactor: Arc<super::compactor::Compactor>,
     /// What the artifact sweeper deleted.
     pub sweeps: super::sweeper::SweepLog,
+    /// A task growing the engine's lists is on its way ([`Gateway::make_room_aside`]).
+    pub room_pending: Arc<AtomicBool>,
 }
 
 impl Gateway {
@@ -104,20 +107,21 @@ impl Gateway {
     /// Grows the engine's lists that are close to reallocating, in a task of its own on the
     /// blocking pool: the copy is paid beside the request that found them low, not inside the next
     /// one (see [`strata_core::room_ahead`]). It writes nothing; a failure only leaves the growth to
-    /// a later push.
+    /// a later push. Requests that find the room low together start one task.
     fn make_room_aside(&self) {
+        if self.room_pending.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        let pending = Arc::clone(&self.room_pending);
         let engine = Arc::clone(&self.engine);
         let settings = self.live.get();
         let made_count = self.metrics.room_made.clone();
         tokio::spawn(async move {
-            let made = engine
-                .run(Placement::Blocking, settings, |engine| {
-                    engine.make_room();
-                    Ok(())
-                })
-                .await;
+            let made = engine.run(Placement::Blocking, settings, |engine| Ok(engine.make_room())).await;
+            pending.store(false, Ordering::Release);
             match made {
-                Ok(()) => made_count.inc(),
+                Ok(true) => made_count.inc(),
+                Ok(false) => {}
                 Err(error) => tracing::debug!(%error, "room ahead of the history not made"),
             }
         });

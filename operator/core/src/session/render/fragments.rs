@@ -48,9 +48,9 @@ impl FragmentCache {
         crate::room_ahead::is_low(&self.items)
     }
 
-    /// Grows the list of fragments ahead of need when its room is low.
-    pub fn make_room(&mut self) {
-        crate::room_ahead::make(&mut self.items);
+    /// Grows the list of fragments ahead of need when its room is low; returns whether it grew.
+    pub fn make_room(&mut self) -> bool {
+        crate::room_ahead::make(&mut self.items)
     }
 
     /// The fragment of `entry` at `index`, rendered with `render` when missing, stale or incomplete.
