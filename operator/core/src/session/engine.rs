@@ -1186,8 +1186,9 @@ impl SessionEngine {
     }
 
     /// Whether a list that grows with every entry (the journal's entries, the compiler's rendered
-    /// entries, the cached fragments, a transparent session's index) is close to reallocating: the caller should run
-    /// [`Self::make_room`] after answering, so the next request does not pay for the copy.
+    /// entries, the cached fragments, a transparent session's index) is close to reallocating: the
+    /// caller should run [`Self::make_room`] after answering, so the next request does not pay for
+    /// the copy.
     pub fn room_low(&self) -> bool {
         self.journal.room_low()
             || self.compiler.room_low()
