@@ -234,3 +234,25 @@ async fn the_models_own_compaction_request_and_post_compact_use_the_summariser_m
     assert_eq!(record["resultGeneration"], 3, "{record}");
     assert_eq!(generation(&gateway).await, 3);
 }
+
+/// A stop while the summariser is still writing waits for the compaction: it commits, the data
+/// directory is released, and the gateway started on it at once opens the compacted journal.
+#[tokio::test]
+async fn a_restart_during_a_background_compaction_waits_for_it_and_opens_its_result() {
+    let fake = FakeUpstream::start().await;
+    let state = model_state();
+    fake.respond_to_model(
+        SUMMARIZER,
+        Arc::new(move |_| Reply::Delayed(Duration::from_millis(800), Box::new(Reply::Text(state.clone())))),
+    );
+    let gateway = Harness::start(&fake, Provider::OpenAI, small_window).await;
+    send_notes_until_the_summariser_is_called(&fake, &gateway).await;
+    assert_eq!(generation(&gateway).await, 1, "the summary is still being written");
+
+    let gateway = gateway.restart().await;
+    assert_eq!(generation(&gateway).await, 2, "the compaction committed before the stop finished");
+    let record = records(&gateway).pop().unwrap();
+    assert_eq!(record["modelOrServiceVersion"], format!("openai:{SUMMARIZER}"), "{record}");
+    say(&gateway, "Build note after the restart.").await;
+    assert!(last_agent_prompt(&fake).contains(MODEL_SUMMARY), "the restarted gateway uses the summary");
+}

@@ -38,6 +38,7 @@ use axum::serve::ListenerExt;
 use tokio::net::{TcpListener, TcpSocket};
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
+use tokio_util::task::TaskTracker;
 
 pub use metrics::MetricsError;
 pub use pending::DEFAULT_MAX_HELD_BYTES;
@@ -147,6 +148,8 @@ pub struct RunningGateway {
     shutdown: watch::Sender<bool>,
     tasks: Vec<JoinHandle<()>>,
     background: Background,
+    /// Work requests started beside themselves that holds the engine (see [`pipeline::Gateway::aside`]).
+    aside: TaskTracker,
     failed: tokio::sync::mpsc::Receiver<StartError>,
 }
 
@@ -154,7 +157,9 @@ pub struct RunningGateway {
 type Background = Arc<Mutex<Vec<JoinHandle<()>>>>;
 
 impl RunningGateway {
-    /// Stops accepting requests, waits for the servers to finish and releases the data directory.
+    /// Stops accepting requests, waits for the servers and for the work requests started beside
+    /// themselves (streamed answers, room for the history, a background compaction, which ends by
+    /// its deadline), and releases the data directory.
     pub async fn shutdown(self) {
         let _ = self.shutdown.send(true);
         let background: Vec<JoinHandle<()>> =
@@ -165,6 +170,11 @@ impl RunningGateway {
         for task in self.tasks.into_iter().chain(background) {
             let _ = task.await;
         }
+        self.aside.close();
+        if !self.aside.is_empty() {
+            tracing::info!(tasks = self.aside.len(), "stopping: waiting for work started beside requests");
+        }
+        self.aside.wait().await;
     }
 
     /// Resolves when a gateway that started without a usable config cannot start once the file is
@@ -229,10 +239,12 @@ pub async fn start_on(
     let startup = config::Startup::load(&args.config, &last_good);
     let (shutdown, stop) = watch::channel(false);
     let background: Background = Arc::default();
+    let aside = TaskTracker::new();
     let (report_failure, failed) = tokio::sync::mpsc::channel(1);
     let (api_switch, metrics_switch) = match startup {
         config::Startup::Usable { settings, bytes } => {
-            let gateway = assemble(args, &storage, settings, metrics, None).map_err(|error| *error)?;
+            let gateway =
+                assemble(args, &storage, settings, metrics, None, &aside).map_err(|error| *error)?;
             last_good.save(&bytes);
             let switches = (
                 unconfigured::Switch::new(server::router(Arc::clone(&gateway))),
@@ -247,7 +259,7 @@ pub async fn start_on(
             let problem =
                 config::ConfigProblem { error: error.to_string(), in_force: config::InForce::LastGood };
             let gateway =
-                assemble(args, &storage, settings, metrics, Some(problem)).map_err(|error| *error)?;
+                assemble(args, &storage, settings, metrics, Some(problem), &aside).map_err(|error| *error)?;
             let switches = (
                 unconfigured::Switch::new(server::router(Arc::clone(&gateway))),
                 unconfigured::Switch::new(server::metrics_router(Arc::clone(&gateway))),
@@ -263,9 +275,10 @@ pub async fn start_on(
             );
             let (api, metrics_port) = (switches.0.clone(), switches.1.clone());
             let (args, storage, tasks) = (args.clone(), Arc::clone(&storage), Arc::clone(&background));
+            let aside = aside.clone();
             let wait = tokio::spawn(async move {
                 let (settings, bytes) = waiting.until_usable().await;
-                match assemble(&args, &storage, settings, metrics, None) {
+                match assemble(&args, &storage, settings, metrics, None, &aside) {
                     Ok(gateway) => {
                         last_good.save(&bytes);
                         api.replace(server::router(Arc::clone(&gateway)));
@@ -294,7 +307,7 @@ pub async fn start_on(
         serve(metrics_listener, metrics_switch.router(), stop),
     ];
     tracing::info!(%address, %metrics_address, "strata gateway listening");
-    Ok(RunningGateway { address, metrics_address, shutdown, tasks, background, failed })
+    Ok(RunningGateway { address, metrics_address, shutdown, tasks, background, aside, failed })
 }
 
 /// Bind the journal, open the data directory and build the gateway around `settings` (the error
@@ -305,6 +318,7 @@ fn assemble(
     settings: config::Settings,
     metrics: metrics::Metrics,
     problem: Option<config::ConfigProblem>,
+    aside: &TaskTracker,
 ) -> Result<Arc<pipeline::Gateway>, Box<StartError>> {
     bind_journal(&settings.config.agent, &args.data_dir)
         .map_err(|cause| Box::new(StartError::JournalOwner { path: args.data_dir.clone(), cause }))?;
@@ -339,6 +353,7 @@ fn assemble(
         live.clone(),
         metrics.clone(),
         args.summarizer_api_key_file.clone(),
+        aside.clone(),
     ));
     Ok(Arc::new(pipeline::Gateway {
         live,
@@ -346,6 +361,7 @@ fn assemble(
         compactor,
         sweeps: sweeper::SweepLog::default(),
         room_pending: Default::default(),
+        aside: aside.clone(),
         upstream,
         metrics,
         pending: pending::PendingOperations::new(args.max_held_bytes, held_state),
