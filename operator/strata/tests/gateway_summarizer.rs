@@ -112,17 +112,24 @@ fn last_agent_prompt(fake: &FakeUpstream) -> String {
     last.body["messages"].to_string()
 }
 
-#[tokio::test]
-async fn at_the_trigger_the_model_compacts_in_the_background_and_turns_sent_meanwhile_are_kept() {
+/// A gateway whose summariser model answers after `delay`, driven to the trigger: the model is
+/// writing the summary and nothing is committed yet.
+async fn a_summary_under_way(delay: Duration) -> (FakeUpstream, Harness) {
     let fake = FakeUpstream::start().await;
     let state = model_state();
     fake.respond_to_model(
         SUMMARIZER,
-        Arc::new(move |_| Reply::Delayed(Duration::from_millis(1_500), Box::new(Reply::Text(state.clone())))),
+        Arc::new(move |_| Reply::Delayed(delay, Box::new(Reply::Text(state.clone())))),
     );
     let gateway = Harness::start(&fake, Provider::OpenAI, small_window).await;
     send_notes_until_the_summariser_is_called(&fake, &gateway).await;
     assert_eq!(generation(&gateway).await, 1, "nothing is committed before the summary arrives");
+    (fake, gateway)
+}
+
+#[tokio::test]
+async fn at_the_trigger_the_model_compacts_in_the_background_and_turns_sent_meanwhile_are_kept() {
+    let (fake, gateway) = a_summary_under_way(Duration::from_millis(1_500)).await;
     let during = ["Build note A, sent while the summary is written.", "Build note B, also meanwhile."];
     for text in during {
         say(&gateway, text).await;
@@ -239,15 +246,7 @@ async fn the_models_own_compaction_request_and_post_compact_use_the_summariser_m
 /// directory is released, and the gateway started on it at once opens the compacted journal.
 #[tokio::test]
 async fn a_restart_during_a_background_compaction_waits_for_it_and_opens_its_result() {
-    let fake = FakeUpstream::start().await;
-    let state = model_state();
-    fake.respond_to_model(
-        SUMMARIZER,
-        Arc::new(move |_| Reply::Delayed(Duration::from_millis(800), Box::new(Reply::Text(state.clone())))),
-    );
-    let gateway = Harness::start(&fake, Provider::OpenAI, small_window).await;
-    send_notes_until_the_summariser_is_called(&fake, &gateway).await;
-    assert_eq!(generation(&gateway).await, 1, "the summary is still being written");
+    let (fake, gateway) = a_summary_under_way(Duration::from_millis(800)).await;
 
     let gateway = gateway.restart().await;
     assert_eq!(generation(&gateway).await, 2, "the compaction committed before the stop finished");
