@@ -32,6 +32,7 @@ use std::time::Instant;
 
 use strata_core::journal::{JournalError, Storage};
 use strata_core::session::{CompactionOutcome, DurableTarget, EngineError, SessionEngine, now_ms};
+use tokio_util::task::TaskTracker;
 
 use super::config::Settings;
 use super::errors::GatewayError;
@@ -111,6 +112,9 @@ pub struct EngineHost {
     reloads: AtomicU64,
     /// Where the compactions the engine concluded are counted.
     metrics: Metrics,
+    /// Where its work on the blocking pool runs: shutdown waits for the work in flight, which holds
+    /// the journal's lock even when the task that started it was aborted.
+    aside: TaskTracker,
 }
 
 impl std::fmt::Debug for EngineHost {
@@ -146,7 +150,13 @@ fn is_storage_fault(error: &EngineError) -> bool {
 
 impl EngineHost {
     /// Hosts `engine`, opened on `storage` at `data_dir`.
-    pub fn new(engine: SessionEngine, storage: Arc<dyn Storage>, data_dir: &Path, metrics: Metrics) -> Self {
+    pub fn new(
+        engine: SessionEngine,
+        storage: Arc<dyn Storage>,
+        data_dir: &Path,
+        metrics: Metrics,
+        aside: TaskTracker,
+    ) -> Self {
         Self {
             data_dir: data_dir.to_owned(),
             storage,
@@ -158,6 +168,7 @@ impl EngineHost {
             fsync_average_nanos: AtomicU64::new(0),
             reloads: AtomicU64::new(0),
             metrics,
+            aside,
         }
     }
 
@@ -439,10 +450,12 @@ impl EngineHost {
         sync_now: bool,
     ) -> Result<(T, PendingWrites), GatewayError> {
         let host = Arc::clone(self);
-        let outcome = tokio::task::spawn_blocking(move || {
-            host.work_locked(host.lock(), &settings, work, sync_now, Placement::Blocking)
-        })
-        .await;
+        let outcome = self
+            .aside
+            .spawn_blocking(move || {
+                host.work_locked(host.lock(), &settings, work, sync_now, Placement::Blocking)
+            })
+            .await;
         let (value, epoch, seq) = match outcome {
             Ok(result) => result?,
             Err(join) => {
@@ -474,23 +487,27 @@ impl EngineHost {
             return Ok(());
         }
         let host = Arc::clone(self);
-        let flushed = tokio::task::spawn_blocking(move || {
-            let (target, target_epoch) = {
-                let mut slot = host.lock();
-                match slot.engine.as_mut() {
-                    // The epoch read under the engine's lock is the one the target's writes are of.
-                    Some(engine) => (engine.durable_target(), host.epoch.load(Ordering::Acquire)),
-                    None => {
-                        return Err("the engine was unloaded before its writes were made durable".to_owned());
+        let flushed = self
+            .aside
+            .spawn_blocking(move || {
+                let (target, target_epoch) = {
+                    let mut slot = host.lock();
+                    match slot.engine.as_mut() {
+                        // The epoch read under the engine's lock is the one the target's writes are of.
+                        Some(engine) => (engine.durable_target(), host.epoch.load(Ordering::Acquire)),
+                        None => {
+                            return Err(
+                                "the engine was unloaded before its writes were made durable".to_owned()
+                            );
+                        }
                     }
-                }
-            };
-            host.fsync(&target)?;
-            Ok((target_epoch, target.seq))
-        })
-        .await
-        .map_err(|join| format!("the fsync task failed: {join}"))
-        .and_then(|result| result);
+                };
+                host.fsync(&target)?;
+                Ok((target_epoch, target.seq))
+            })
+            .await
+            .map_err(|join| format!("the fsync task failed: {join}"))
+            .and_then(|result| result);
         match flushed {
             Ok((target_epoch, _)) if target_epoch != epoch => Err(reloaded()),
             Ok((_, target)) => {
@@ -515,7 +532,13 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let settings = settings(dir.path());
         let engine = SessionEngine::open(dir.path(), &settings.session, now_ms()).unwrap();
-        let host = EngineHost::new(engine, Arc::new(StdStorage), dir.path(), Metrics::new().unwrap());
+        let host = EngineHost::new(
+            engine,
+            Arc::new(StdStorage),
+            dir.path(),
+            Metrics::new().unwrap(),
+            TaskTracker::new(),
+        );
         (dir, settings, Arc::new(host))
     }
 
@@ -540,6 +563,35 @@ mod tests {
             engine.append_own(&settings.session, strata_core::entry::Role::User, content, now_ms())?;
             Ok(engine.appended_seq())
         }
+    }
+
+    /// Aborting the task that handed work to the blocking pool does not stop the work, which holds
+    /// the engine (and its journal's lock): the host's tracker lets shutdown wait for it.
+    #[tokio::test]
+    async fn work_on_the_blocking_pool_is_waited_for_even_when_its_task_was_aborted() {
+        let (_dir, settings, host) = hosted();
+        let (started_tx, started_rx) = tokio::sync::oneshot::channel();
+        let finished = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let caller = {
+            let (host, settings, finished) =
+                (Arc::clone(&host), Arc::clone(&settings), Arc::clone(&finished));
+            tokio::spawn(async move {
+                host.run(Placement::Blocking, settings, move |_| {
+                    let _ = started_tx.send(());
+                    std::thread::sleep(std::time::Duration::from_millis(300));
+                    finished.store(true, Ordering::Release);
+                    Ok(())
+                })
+                .await
+            })
+        };
+        started_rx.await.unwrap();
+        caller.abort();
+        assert!(caller.await.unwrap_err().is_cancelled());
+        host.aside.close();
+        host.aside.wait().await;
+        assert!(finished.load(Ordering::Acquire), "the wait ended before the work did");
+        assert_eq!(Arc::strong_count(&host), 1, "the work let go of the engine");
     }
 
     /// On a current-thread runtime, a call that blocked its worker on the engine's lock would stop

@@ -346,8 +346,13 @@ fn assemble(
     .map_err(|error| Box::new(StartError::from(error)))?;
     let live = config::LiveSettings::new(settings);
     live.set_problem(problem);
-    let engine =
-        Arc::new(engine_host::EngineHost::new(engine, Arc::clone(storage), &args.data_dir, metrics.clone()));
+    let engine = Arc::new(engine_host::EngineHost::new(
+        engine,
+        Arc::clone(storage),
+        &args.data_dir,
+        metrics.clone(),
+        aside.clone(),
+    ));
     let compactor = Arc::new(compactor::Compactor::new(
         Arc::clone(&engine),
         live.clone(),
