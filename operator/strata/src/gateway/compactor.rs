@@ -14,7 +14,6 @@ use strata_core::compaction::{
     ExtractiveSummarizer, QualityCheck, Summarizer,
 };
 use strata_core::session::{CompactionAsk, is_superseded, now_ms};
-use tokio_util::task::TaskTracker;
 
 use super::config::{LiveSettings, Settings};
 use super::engine_host::{EngineHost, Placement};
@@ -39,8 +38,6 @@ pub struct Compactor {
     key_file: PathBuf,
     /// Held by the compaction in progress: at most one at a time.
     running: tokio::sync::Mutex<()>,
-    /// Where background compactions run, so shutdown waits for them ([`super::pipeline::Gateway::aside`]).
-    aside: TaskTracker,
 }
 
 /// The summariser a compaction uses.
@@ -53,22 +50,15 @@ enum Choice {
 
 impl Compactor {
     /// A compactor over `engine`, reading the summariser from the live settings.
-    /// Background compactions run on `aside`.
-    pub fn new(
-        engine: Arc<EngineHost>,
-        live: LiveSettings,
-        metrics: Metrics,
-        key_file: PathBuf,
-        aside: TaskTracker,
-    ) -> Self {
-        Self { engine, live, metrics, key_file, running: tokio::sync::Mutex::new(()), aside }
+    pub fn new(engine: Arc<EngineHost>, live: LiveSettings, metrics: Metrics, key_file: PathBuf) -> Self {
+        Self { engine, live, metrics, key_file, running: tokio::sync::Mutex::new(()) }
     }
 
     /// Starts `ask` in the background unless a compaction is already running (the engine asks
-    /// again at a later turn if the context still needs it).
+    /// again at a later turn if the context still needs it). Shutdown waits for it.
     pub fn start(self: &Arc<Self>, ask: CompactionAsk) {
         let compactor = Arc::clone(self);
-        self.aside.spawn(async move {
+        self.engine.spawn_beside(async move {
             let Ok(_running) = compactor.running.try_lock() else {
                 tracing::debug!(
                     mode = ask.mode.as_str(),

@@ -112,8 +112,9 @@ pub struct EngineHost {
     reloads: AtomicU64,
     /// Where the compactions the engine concluded are counted.
     metrics: Metrics,
-    /// Where its work on the blocking pool runs: shutdown waits for the work in flight, which holds
-    /// the journal's lock even when the task that started it was aborted.
+    /// Where its work on the blocking pool and the work requests start beside themselves run:
+    /// shutdown waits for the work in flight, which holds the journal's lock even when the task that
+    /// started it was aborted.
     aside: TaskTracker,
 }
 
@@ -170,6 +171,12 @@ impl EngineHost {
             metrics,
             aside,
         }
+    }
+
+    /// Runs `work`, which holds the engine, as a task of its own that shutdown waits for
+    /// ([`super::RunningGateway::shutdown`]): work a request starts beside itself.
+    pub fn spawn_beside(&self, work: impl Future<Output = ()> + Send + 'static) {
+        self.aside.spawn(work);
     }
 
     /// Counts concluded compactions: by outcome, and the tokens of committed ones before and after.

@@ -148,7 +148,7 @@ pub struct RunningGateway {
     shutdown: watch::Sender<bool>,
     tasks: Vec<JoinHandle<()>>,
     background: Background,
-    /// Work requests started beside themselves that holds the engine (see [`pipeline::Gateway::aside`]).
+    /// The engine's work on the blocking pool and beside requests ([`engine_host::EngineHost::spawn_beside`]).
     aside: TaskTracker,
     failed: tokio::sync::mpsc::Receiver<StartError>,
 }
@@ -358,7 +358,6 @@ fn assemble(
         live.clone(),
         metrics.clone(),
         args.summarizer_api_key_file.clone(),
-        aside.clone(),
     ));
     Ok(Arc::new(pipeline::Gateway {
         live,
@@ -366,7 +365,6 @@ fn assemble(
         compactor,
         sweeps: sweeper::SweepLog::default(),
         room_pending: Default::default(),
-        aside: aside.clone(),
         upstream,
         metrics,
         pending: pending::PendingOperations::new(args.max_held_bytes, held_state),

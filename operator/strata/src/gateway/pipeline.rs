@@ -33,7 +33,6 @@ use strata_core::session::{
     TurnRequest, UpstreamCall, Usage, now_ms,
 };
 use tokio::sync::mpsc;
-use tokio_util::task::TaskTracker;
 
 use super::config::{LiveSettings, Settings};
 use super::engine_host::{EngineHost, PendingWrites, Placement};
@@ -94,9 +93,6 @@ pub struct Gateway {
     pub sweeps: super::sweeper::SweepLog,
     /// A task growing the engine's lists is on its way ([`Gateway::make_room_aside`]).
     pub room_pending: Arc<AtomicBool>,
-    /// Work a request starts beside itself that holds the engine, and with it the journal's lock:
-    /// streamed answers, room for the history and background compactions. Shutdown waits for it.
-    pub aside: TaskTracker,
 }
 
 impl Gateway {
@@ -120,7 +116,7 @@ impl Gateway {
         let engine = Arc::clone(&self.engine);
         let settings = self.live.get();
         let made_count = self.metrics.room_made.clone();
-        self.aside.spawn(async move {
+        self.engine.spawn_beside(async move {
             let made = engine.run(Placement::Blocking, settings, |engine| Ok(engine.make_room())).await;
             pending.store(false, Ordering::Release);
             match made {
@@ -804,9 +800,9 @@ async fn stream(
     let clamp = prepared.max_tokens_clamp;
     let (sender, receiver) = mpsc::channel::<Result<Bytes, Infallible>>(64);
     let client = ClientStream { sender, connected: true, copy: prepared.cache_key.map(|_| Vec::new()) };
-    // On the tracker: the stream journals its answer after the client's body may have ended.
-    let aside = gateway.aside.clone();
-    aside.spawn(stream_rounds(gateway, prepared, headers, (call, response, started), client));
+    // Beside the request: the stream journals its answer after the client's body may have ended.
+    let engine = Arc::clone(&gateway.engine);
+    engine.spawn_beside(stream_rounds(gateway, prepared, headers, (call, response, started), client));
     let body = futures::stream::unfold(receiver, |mut receiver| async move {
         receiver.recv().await.map(|item| (item, receiver))
     });
