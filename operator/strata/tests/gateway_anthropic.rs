@@ -4,7 +4,7 @@
 
 mod gateway_support;
 
-use gateway_support::{API_KEY, CACHED_TOKENS, FakeUpstream, Harness, Reply, call, sse_events};
+use gateway_support::{API_KEY, CACHED_TOKENS, FakeUpstream, Harness, RawReply, Reply, call, sse_events};
 use serde_json::{Value, json};
 use strata_api::agent::Provider;
 
@@ -118,4 +118,31 @@ async fn streaming_hides_memory_tools_and_counts_cache_usage() {
         "{metrics}"
     );
     assert!(metrics.contains("strata_gateway_prompt_tokens_total{kind=\"cache_write\"} 6"), "{metrics}");
+}
+
+/// The answer of a request's only round reaches the client as the upstream sent it, byte for byte,
+/// usage fields the gateway does not model included. One the gateway must correct is built again:
+/// a `tool_use` stop with no tool called becomes `end_turn`.
+#[tokio::test]
+async fn a_single_rounds_answer_passes_byte_for_byte_unless_it_needs_correcting() {
+    let fake = FakeUpstream::start().await;
+    let gateway = Harness::start(&fake, Provider::Anthropic, |_| {}).await;
+    let answer = r#"{"usage":{"input_tokens":30,"output_tokens":6,"cache_read_input_tokens":0,"cache_creation_input_tokens":0,"service_tier":"standard"},"stop_reason":"end_turn","content":[{"type":"text","text":"Done."}],"role":"assistant","type":"message","id":"msg_raw","model":"fake-model"}"#;
+    fake.script([RawReply::ok("application/json", answer)]);
+    let request = json!({"max_tokens": 100, "messages": [{"role": "user", "content": "Finish up."}]});
+    let (status, body) = gateway.post(MESSAGES, &request, &[]).await;
+    assert_eq!((status, body.as_str()), (200, answer));
+
+    let inconsistent = answer.replace(r#""stop_reason":"end_turn""#, r#""stop_reason":"tool_use""#);
+    fake.script([RawReply::ok("application/json", inconsistent)]);
+    let request = json!({"max_tokens": 100, "messages": [
+        {"role": "user", "content": "Finish up."},
+        {"role": "assistant", "content": "Done."},
+        {"role": "user", "content": "Again."}
+    ]});
+    let (status, body) = gateway.post(MESSAGES, &request, &[]).await;
+    assert_eq!(status, 200, "{body}");
+    let rebuilt: Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(rebuilt["stop_reason"], "end_turn", "{body}");
+    assert_eq!(rebuilt["content"][0]["text"], "Done.");
 }

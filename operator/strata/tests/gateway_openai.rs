@@ -4,7 +4,7 @@
 
 mod gateway_support;
 
-use gateway_support::{CACHE_KEY, CACHED_TOKENS, FakeUpstream, Harness, Reply, call, sse_events};
+use gateway_support::{CACHE_KEY, CACHED_TOKENS, FakeUpstream, Harness, RawReply, Reply, call, sse_events};
 use serde_json::{Value, json};
 use strata_api::agent::Provider;
 use strata_core::artifacts::ArtifactRef;
@@ -480,4 +480,39 @@ async fn history_lists_close_to_full_are_grown_after_the_answer_and_then_left_al
     }
     tokio::time::sleep(std::time::Duration::from_millis(200)).await;
     assert_eq!(counter(&gateway.metrics().await, ROOM_MADE), 1, "room is made once, not per request");
+}
+
+/// The answer of a request's only round, with no memory tool in it, reaches the client as the
+/// upstream sent it, byte for byte: its key order and the usage details the gateway does not model
+/// (reasoning tokens) are kept. An answer after a memory tool's round is built again: the rounds'
+/// texts joined, the usage summed over both.
+#[tokio::test]
+async fn a_single_rounds_answer_passes_byte_for_byte_and_one_after_a_memory_tool_is_rebuilt() {
+    let fake = FakeUpstream::start().await;
+    let gateway = Harness::start(&fake, Provider::OpenAI, |_| {}).await;
+    let answer = r#"{"usage":{"prompt_tokens":40,"completion_tokens":9,"total_tokens":49,"completion_tokens_details":{"reasoning_tokens":4}},"choices":[{"finish_reason":"stop","index":0,"message":{"role":"assistant","content":"Done."}}],"system_fingerprint":"fp_1","id":"chatcmpl-raw","object":"chat.completion","created":7}"#;
+    fake.script([RawReply::ok("application/json", answer)]);
+    let first = json!({"messages": [{"role": "user", "content": "Finish up."}]});
+    let (status, body) = gateway.post(CHAT, &first, &[]).await;
+    assert_eq!((status, body.as_str()), (200, answer));
+
+    fake.script([
+        Reply::Calls(
+            "Looking. ".into(),
+            vec![call("call_r", "strata_read_output", json!({"data_ref": "sha256:00", "mode": "head"}))],
+        ),
+        RawReply::ok("application/json", answer),
+    ]);
+    let second = json!({"messages": [
+        {"role": "user", "content": "Finish up."},
+        {"role": "assistant", "content": "Done."},
+        {"role": "user", "content": "And the log?"}
+    ]});
+    let (status, body) = gateway.post(CHAT, &second, &[]).await;
+    assert_eq!(status, 200, "{body}");
+    let rebuilt: Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(rebuilt["choices"][0]["message"]["content"], "Looking. Done.");
+    assert_eq!(rebuilt["usage"]["completion_tokens"], 5 + 9, "summed over both rounds: {body}");
+    assert!(rebuilt["usage"]["prompt_tokens"].as_u64().unwrap() > 40, "summed over both rounds: {body}");
+    assert!(rebuilt["usage"].get("completion_tokens_details").is_none(), "{body}");
 }

@@ -35,6 +35,14 @@ impl OperationId {
         Self(format!("op_{}", &digest[..REQUEST_DIGEST_HEX_CHARS]))
     }
 
+    /// `op_<16 hex>` from the operation kind and a digest the caller already took of its payload
+    /// (the gateway's [`Recollection::body_digest`](crate::session::message_memo::Recollection::body_digest)),
+    /// so a large payload is not hashed again. A retry of the same request gets the same id as
+    /// long as the digest is the same for it.
+    pub fn from_payload_digest(kind: &str, digest: u128) -> Self {
+        Self::from_request(kind, &digest.to_be_bytes())
+    }
+
     /// Accepts an id supplied from outside (e.g. a resumed operation).
     pub fn parse(id: &str) -> Result<Self, BudgetError> {
         let valid = id.strip_prefix("op_").is_some_and(|suffix| {

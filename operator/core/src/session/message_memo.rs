@@ -15,6 +15,13 @@
 //! and a client that could make it happen on purpose (without knowing the seed) would only
 //! mislead its own session, which its own messages can do anyway.
 //!
+//! The memo also keeps one digest of the last body's bytes up to the end of its last message. A
+//! client that resent every message unchanged sends a body opening with exactly those bytes, so one
+//! digest over them, not one per message, finds every message known; that digest is continued over
+//! the new messages to become the next request's, and names the request
+//! ([`Recollection::body_digest`]). Only when it differs (an edit, a rewind) are the messages
+//! compared one by one, to reuse those before the change.
+//!
 //! The memo holds the last request's turns, which the request takes over and hands back once the
 //! engine is done. Of their content it keeps only the latest user turn with text, and of the others
 //! only their roles: the engine journals only new turns, and of the old ones it reads only the
@@ -62,6 +69,14 @@ struct Remembered {
     turns: usize,
 }
 
+/// The digest of a body's bytes from its start to the end of its last message.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Prefix {
+    /// Where its last message ends.
+    end: usize,
+    digest: u128,
+}
+
 /// A body's opening: its fields before `messages` ([`SplitBody::opening`]) and where its `tools`
 /// lay among them ([`SplitBody::opening_tools`]).
 #[derive(Debug, Clone)]
@@ -87,6 +102,25 @@ pub struct MessageMemo {
     chains: Vec<ChainHash>,
     /// The index in `turns` of the one user turn kept whole: the latest with text.
     whole_user: Option<usize>,
+    /// The remembered body's bytes up to the end of its last message, digested: a body that opens
+    /// with the same bytes resends every remembered message unchanged.
+    prefix: Option<Prefix>,
+    /// The digest of the new body's bytes that [`Self::split`] found equal to the remembered
+    /// prefix, still open: [`Self::read`] continues it to the end of the new body's messages.
+    resumed: Option<OpenDigest>,
+}
+
+/// A digest of a body's bytes up to `end`, open to more.
+#[derive(Clone)]
+struct OpenDigest {
+    end: usize,
+    hasher: XxHash3_128,
+}
+
+impl std::fmt::Debug for OpenDigest {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("OpenDigest").field("end", &self.end).finish_non_exhaustive()
+    }
 }
 
 /// A request's messages, read with the memo's help.
@@ -117,6 +151,8 @@ pub struct Recollection {
     messages: Vec<Remembered>,
     places: Vec<Range<usize>>,
     spare_places: Vec<Range<usize>>,
+    /// The body's bytes up to the end of its last message, digested; none without messages.
+    prefix: Option<Prefix>,
 }
 
 /// Elements a kept vector may always hold, however little of it a request uses.
@@ -129,13 +165,16 @@ pub(crate) fn worth_keeping(capacity: usize, len: usize) -> bool {
     capacity <= len.max(KEPT_ELEMENTS_FLOOR).saturating_mul(4)
 }
 
-/// The digest of `bytes`, seeded once per process.
-fn digest(bytes: &[u8]) -> u128 {
+/// The seed of every digest here, drawn once per process.
+fn process_seed() -> u64 {
     static SEED: OnceLock<u64> = OnceLock::new();
     // The standard library seeds its hash maps from the operating system's randomness.
-    let seed =
-        *SEED.get_or_init(|| std::collections::hash_map::RandomState::new().hash_one(0x5354_5241_5441_u64));
-    XxHash3_128::oneshot_with_seed(seed, bytes)
+    *SEED.get_or_init(|| std::collections::hash_map::RandomState::new().hash_one(0x5354_5241_5441_u64))
+}
+
+/// The digest of `bytes`, seeded once per process.
+fn digest(bytes: &[u8]) -> u128 {
+    XxHash3_128::oneshot_with_seed(process_seed(), bytes)
 }
 
 impl MessageMemo {
@@ -148,22 +187,30 @@ impl MessageMemo {
         body: &[u8],
         known_tools: Option<&[u8]>,
     ) -> Result<SplitBody, BodyError> {
-        if self.api == Some(api)
-            && let Some(opening) = &self.opening
-        {
-            let mut start = 0;
-            let known = self
-                .messages
-                .iter()
-                .zip(&self.places)
-                .take_while(|(message, place)| {
-                    let same = body.get(start..place.start).is_some_and(|lead| digest(lead) == message.lead)
-                        && body.get((*place).clone()).is_some_and(|bytes| digest(bytes) == message.bytes);
-                    start = place.end;
-                    same
-                })
-                .count();
-            if known > 0 {
+        self.resumed = None;
+        if self.api == Some(api) && self.opening.is_some() {
+            let known = if self.resumes_prefix(body) {
+                self.messages.len().min(self.places.len())
+            } else {
+                // Something before the last remembered message changed: the messages before it
+                // are still reused, found one by one.
+                let mut start = 0;
+                self.messages
+                    .iter()
+                    .zip(&self.places)
+                    .take_while(|(message, place)| {
+                        let same = body
+                            .get(start..place.start)
+                            .is_some_and(|lead| digest(lead) == message.lead)
+                            && body.get((*place).clone()).is_some_and(|bytes| digest(bytes) == message.bytes);
+                        start = place.end;
+                        same
+                    })
+                    .count()
+            };
+            if known > 0
+                && let Some(opening) = &self.opening
+            {
                 let spans = &self.places[..known];
                 let known = KnownOpening {
                     end: spans[known - 1].end,
@@ -175,6 +222,20 @@ impl MessageMemo {
             }
         }
         split_body_known(body, known_tools)
+    }
+
+    /// Whether `body` opens with the remembered body's bytes up to the end of its last message,
+    /// compared by one digest; if so, that digest is kept open for [`Self::read`].
+    fn resumes_prefix(&mut self, body: &[u8]) -> bool {
+        let Some(prefix) = self.prefix else { return false };
+        let Some(opening) = body.get(..prefix.end) else { return false };
+        let mut hasher = XxHash3_128::with_seed(process_seed());
+        hasher.write(opening);
+        let same = hasher.finish_128() == prefix.digest;
+        if same {
+            self.resumed = Some(OpenDigest { end: prefix.end, hasher });
+        }
+        same
     }
 
     /// Reads the messages of `body` (on `api`, as this memo's [`Self::split`] found them): the
@@ -196,6 +257,7 @@ impl MessageMemo {
             mut turns,
             mut chains,
             whole_user,
+            resumed,
             ..
         } = self;
         let bytes_of = |span: &Range<usize>| body.get(span.clone()).unwrap_or_default();
@@ -256,6 +318,15 @@ impl MessageMemo {
             }
             start = span.end;
         }
+        // The digest of the body up to its last message's end, continued from the bytes the split
+        // found shared when it did.
+        let prefix = messages.last().map(|last| {
+            let OpenDigest { end: from, mut hasher } = resumed
+                .filter(|open| open.end <= last.end)
+                .unwrap_or_else(|| OpenDigest { end: 0, hasher: XxHash3_128::with_seed(process_seed()) });
+            hasher.write(body.get(from..last.end).unwrap_or_default());
+            Prefix { end: last.end, digest: hasher.finish_128() }
+        });
         let mut spare_places = earlier_places;
         spare_places.clear();
         if !worth_keeping(spare_places.capacity(), messages.len()) {
@@ -273,6 +344,7 @@ impl MessageMemo {
                 messages: remembered,
                 places: messages,
                 spare_places,
+                prefix,
             },
         })
     }
@@ -289,6 +361,24 @@ impl MessageMemo {
 }
 
 impl Recollection {
+    /// A digest of `body`, the body these messages were read from: the digest of its bytes up to
+    /// the end of its last message, which the memo takes anyway, and the bytes after it. A client
+    /// that resends its whole history on every call thus has its body named without hashing it a
+    /// second time. Two bodies get the same digest only if they are equal or their 128-bit digests
+    /// collide. Equal bodies get equal digests within one process: the seed is drawn at start-up.
+    pub fn body_digest(&self, body: &[u8]) -> u128 {
+        let Some((prefix, rest)) =
+            self.prefix.and_then(|prefix| body.get(prefix.end..).map(|rest| (prefix, rest)))
+        else {
+            return digest(body);
+        };
+        let mut hasher = XxHash3_128::with_seed(process_seed());
+        hasher.write(&(prefix.end as u64).to_le_bytes());
+        hasher.write(&prefix.digest.to_le_bytes());
+        hasher.write(rest);
+        hasher.finish_128()
+    }
+
     /// The memo of this request, given its turns and the chain value after each. An empty memo
     /// when they do not match the messages read (nothing is reused then). Only the latest user
     /// turn with text is kept whole; the others keep their role.
@@ -312,6 +402,8 @@ impl Recollection {
             turns,
             chains,
             whole_user,
+            prefix: self.prefix,
+            resumed: None,
         }
     }
 }
@@ -414,6 +506,119 @@ mod tests {
     /// The latest user text, as the engine reads it.
     fn latest_user_text(turns: &[Turn]) -> Option<&str> {
         turns.iter().rev().find(|turn| turn.has_user_text()).map(|turn| turn.content.text.as_str())
+    }
+
+    /// The memo of `body` read fresh.
+    fn memo_of(body: &str) -> MessageMemo {
+        let read = read(MessageMemo::default(), body, &mut 0);
+        let chains = chains_of(&read.turns);
+        read.recollection.remember(read.turns, chains)
+    }
+
+    /// A body's digest is the same whether its messages were parsed or taken from the memo, and
+    /// another body's differs, whichever part of it changed.
+    #[test]
+    fn a_body_digest_is_the_same_read_or_reused_and_differs_for_any_other_body() {
+        for padding in [300, 0] {
+            assert_body_digests(&"x".repeat(padding));
+        }
+    }
+
+    /// [`a_body_digest_is_the_same_read_or_reused_and_differs_for_any_other_body`] with `padding`
+    /// at the end of every message's content.
+    fn assert_body_digests(padding: &str) {
+        let base = &format!(
+            r#"{{"model":"m","messages":[{{"role":"user","content":"a{padding}"}},{{"role":"assistant","content":"b{padding}"}},{{"role":"user","content":"c{padding}"}}],"stream":false}}"#
+        );
+        let base = base.as_str();
+        let fresh = read(MessageMemo::default(), base, &mut 0).recollection.body_digest(base.as_bytes());
+        assert_ne!(fresh, digest(base.as_bytes()), "digested from its prefix");
+        assert_eq!(
+            read(MessageMemo::default(), base, &mut 0).recollection.body_digest(base.as_bytes()),
+            fresh
+        );
+        let shorter = &format!(
+            r#"{{"model":"m","messages":[{{"role":"user","content":"a{padding}"}},{{"role":"assistant","content":"b{padding}"}}],"stream":false}}"#
+        );
+        let shorter = shorter.as_str();
+        for (memo, reused) in [(memo_of(shorter), 2), (memo_of(base), 3)] {
+            let through_memo = read(memo, base, &mut 0);
+            assert_eq!(through_memo.reused_messages, reused);
+            assert_eq!(through_memo.recollection.body_digest(base.as_bytes()), fresh, "{reused} reused");
+        }
+        let others = [
+            // The opening, a separator, a message's bytes, the bytes after the last message.
+            base.replace(r#""model":"m""#, r#""model":"n""#),
+            base.replace(r#"},{"role":"assistant""#, r#"}, {"role":"assistant""#),
+            base.replace(r#""content":"b"#, r#""content":"B"#),
+            base.replace(r#""stream":false"#, r#""stream":true"#),
+            base.replace("}],", "} ],"),
+            shorter.to_owned(),
+            r#"{"model":"m","messages":[],"stream":false}"#.to_owned(),
+            r#"{"model":"n","messages":[],"stream":false}"#.to_owned(),
+        ];
+        let mut digests = std::collections::HashSet::from([fresh]);
+        for other in &others {
+            assert_ne!(other, base);
+            for memo in [MessageMemo::default(), memo_of(base)] {
+                let digest = read(memo, other, &mut 0).recollection.body_digest(other.as_bytes());
+                assert_ne!(digest, fresh, "{other}");
+            }
+            assert!(
+                digests.insert(
+                    read(MessageMemo::default(), other, &mut 0).recollection.body_digest(other.as_bytes())
+                ),
+                "{other}"
+            );
+        }
+    }
+
+    /// A body that opens with the remembered body's messages is found to by one digest, kept open
+    /// for the read; one with an earlier message changed is compared message by message, and its
+    /// messages before the change are still reused.
+    #[test]
+    fn a_resent_history_is_recognised_by_one_digest_and_an_edited_one_message_by_message() {
+        let first = r#"{"messages":[{"role":"user","content":"a"},{"role":"assistant","content":"b"}]}"#;
+        let first_end = first.rfind('}').unwrap() - 1;
+        let resent = r#"{"messages":[{"role":"user","content":"a"},{"role":"assistant","content":"b"},{"role":"user","content":"c"}]}"#;
+        let mut memo = memo_of(first);
+        assert_eq!(memo.prefix.map(|prefix| prefix.end), Some(first_end));
+        let split = memo.split(Api::OpenAi, &Bytes::from(resent), None).unwrap();
+        assert_eq!(memo.resumed.as_ref().map(|open| open.end), Some(first_end));
+        let read = memo.read(Api::OpenAi, &Bytes::from(resent), split, |_, raw| {
+            let text = serde_json::from_slice::<serde_json::Value>(raw).unwrap()["content"].to_string();
+            Ok::<_, String>(Reading {
+                system: None,
+                turns: vec![Turn { role: Role::User, content: Content::text(text) }],
+            })
+        });
+        let read = read.unwrap();
+        assert_eq!(read.reused_messages, 2);
+        let fresh = read_fresh_prefix(resent);
+        assert_eq!(
+            read.recollection.prefix, fresh,
+            "continued from the split's digest: the same as hashed afresh"
+        );
+
+        let edited = r#"{"messages":[{"role":"user","content":"a"},{"role":"assistant","content":"B"},{"role":"user","content":"c"}]}"#;
+        let mut memo = memo_of(first);
+        let split = memo.split(Api::OpenAi, &Bytes::from(edited), None).unwrap();
+        assert!(memo.resumed.is_none());
+        let read = memo.read(Api::OpenAi, &Bytes::from(edited), split, |_, raw| {
+            let text = serde_json::from_slice::<serde_json::Value>(raw).unwrap()["content"].to_string();
+            Ok::<_, String>(Reading {
+                system: None,
+                turns: vec![Turn { role: Role::User, content: Content::text(text) }],
+            })
+        });
+        let read = read.unwrap();
+        assert_eq!(read.reused_messages, 1, "the message before the edit");
+        assert_eq!(read.recollection.prefix, read_fresh_prefix(edited));
+    }
+
+    /// The prefix digest of `body` read without a memo.
+    fn read_fresh_prefix(body: &str) -> Option<Prefix> {
+        read(MessageMemo::default(), body, &mut 0).recollection.prefix
     }
 
     #[test]

@@ -229,6 +229,16 @@ pub fn client_response(final_output: &AssistantOutput, earlier_texts: &[String],
     raw
 }
 
+/// Whether [`client_response`] would leave a single round's answer as the upstream sent it, but for
+/// key order and the form of its usage: the answer called no memory tool, and its `stop_reason` is
+/// `tool_use` only if it calls a tool (it would be made `end_turn` otherwise).
+pub fn answer_passes_as_sent(final_output: &AssistantOutput) -> bool {
+    !final_output.tool_calls.iter().any(|call| is_memory_tool(&call.name))
+        && (final_output.raw.as_ref().and_then(|raw| raw.get("stop_reason")).and_then(Value::as_str)
+            != Some("tool_use")
+            || !final_output.tool_calls.is_empty())
+}
+
 /// Translates upstream events of every round into one client stream.
 #[derive(Debug, Default)]
 pub struct StreamTranslator {

@@ -99,22 +99,23 @@ pub fn parse_response(value: Value) -> Result<AssistantOutput, GatewayError> {
         .get("choices")
         .and_then(|choices| choices.get(0))
         .ok_or_else(|| GatewayError::UpstreamProtocol("chat completion without choices".into()))?;
-    let message = choice.get("message").cloned().unwrap_or(Value::Null);
+    let message = choice.get("message").unwrap_or(&Value::Null);
     let text = text_of(message.get("content").unwrap_or(&Value::Null)).unwrap_or_default();
     let mut tool_calls = Vec::new();
     for call in message.get("tool_calls").and_then(Value::as_array).into_iter().flatten() {
-        let function = call.get("function").cloned().unwrap_or(Value::Null);
+        let function = call.get("function").unwrap_or(&Value::Null);
         tool_calls.push(ToolCall {
             call_id: call.get("id").and_then(Value::as_str).unwrap_or_default().to_owned(),
             name: function.get("name").and_then(Value::as_str).unwrap_or_default().to_owned(),
             arguments_json: function.get("arguments").and_then(Value::as_str).unwrap_or("{}").to_owned(),
         });
     }
+    let stop_reason = choice.get("finish_reason").and_then(Value::as_str).unwrap_or_default().to_owned();
     Ok(AssistantOutput {
         id: value.get("id").and_then(Value::as_str).unwrap_or_default().to_owned(),
         text,
         tool_calls,
-        stop_reason: choice.get("finish_reason").and_then(Value::as_str).unwrap_or_default().to_owned(),
+        stop_reason,
         usage: value.get("usage").and_then(parse_usage),
         raw: Some(value),
     })
@@ -155,6 +156,18 @@ pub fn client_response(final_output: &AssistantOutput, earlier_text: &str, total
         raw["usage"] = usage_json(total);
     }
     raw
+}
+
+/// Whether [`client_response`] would leave a single round's answer as the upstream sent it, but for
+/// key order and the form of its usage: the answer called no memory tool, and a `tool_calls` it
+/// carries is not empty (an empty one would be dropped).
+pub fn answer_passes_as_sent(final_output: &AssistantOutput) -> bool {
+    !final_output.tool_calls.iter().any(|call| is_memory_tool(&call.name))
+        && final_output
+            .raw
+            .as_ref()
+            .and_then(|raw| raw.pointer("/choices/0/message/tool_calls"))
+            .is_none_or(|calls| calls.as_array().is_none_or(|calls| !calls.is_empty()))
 }
 
 /// The memory tools' names, for deciding whether a partial name may still become one.

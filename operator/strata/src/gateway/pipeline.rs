@@ -240,7 +240,8 @@ async fn prepare(
         .map(|value| value.to_str().map(str::to_owned))
         .transpose()
         .map_err(|_| GatewayError::Engine(KeyRefusal::Malformed.into()))?;
-    let operation_id = OperationId::from_request(adapter.name(), body);
+    // Named from the digest the memo took of its messages' bytes: a resent history is hashed once.
+    let operation_id = OperationId::from_payload_digest(adapter.name(), recollection.body_digest(body));
     let mut record = RequestRecord {
         operation_id: operation_id.to_string(),
         at_ms: now_ms(),
@@ -597,11 +598,20 @@ async fn complete(
         }
         let started = Instant::now();
         let earlier = &texts[..texts.len() - 1];
-        let body = Bytes::from(adapter.client_response(&output, earlier, &total).to_string());
+        // The request's only round, untouched by the engine's tools: its answer as the upstream
+        // sent it, byte for byte, instead of parsed, copied and encoded again.
+        let body = if earlier.is_empty() && !retried && adapter.answer_passes_as_sent(&output) {
+            bytes
+        } else {
+            Bytes::from(adapter.client_response(&output, earlier, &total).to_string())
+        };
         if let Some(key) = prepared.cache_key
             && texts.len() == 1
         {
-            gateway.responses.put(key, false, body.clone(), response_cache_ttl(&prepared.settings));
+            // A copy of its own: the upstream's answer may lie in a larger read buffer, which the
+            // cache would hold uncounted for its whole time to live.
+            let kept = Bytes::copy_from_slice(&body);
+            gateway.responses.put(key, false, kept, response_cache_ttl(&prepared.settings));
         }
         prepared.overhead += started.elapsed();
         let clamp = prepared.max_tokens_clamp;

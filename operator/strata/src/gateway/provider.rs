@@ -80,6 +80,10 @@ pub trait ProviderAdapter: Sync {
     /// The client's (non-streaming) answer: the final round, with the earlier rounds' texts and the
     /// usage of all rounds.
     fn client_response(&self, output: &AssistantOutput, earlier_texts: &[String], total: &Usage) -> Value;
+    /// Whether the answer of a request's only round reaches the client as the upstream sent it:
+    /// [`Self::client_response`] would change nothing in it but its key order and the form of its
+    /// usage, which is that round's alone.
+    fn answer_passes_as_sent(&self, output: &AssistantOutput) -> bool;
     /// A translator of this API's upstream stream into one client stream.
     fn stream_translator(&self, wants_usage: bool) -> Box<dyn StreamTranslation>;
     /// An error body: `kind` and `message`, plus `details` merged into the error object.
@@ -191,6 +195,10 @@ impl ProviderAdapter for OpenAiAdapter {
         openai::client_response(output, &earlier_texts.concat(), total)
     }
 
+    fn answer_passes_as_sent(&self, output: &AssistantOutput) -> bool {
+        openai::answer_passes_as_sent(output)
+    }
+
     fn stream_translator(&self, wants_usage: bool) -> Box<dyn StreamTranslation> {
         Box::new(openai::StreamTranslator::new(wants_usage))
     }
@@ -283,6 +291,10 @@ impl ProviderAdapter for AnthropicAdapter {
 
     fn client_response(&self, output: &AssistantOutput, earlier_texts: &[String], total: &Usage) -> Value {
         anthropic::client_response(output, earlier_texts, total)
+    }
+
+    fn answer_passes_as_sent(&self, output: &AssistantOutput) -> bool {
+        anthropic::answer_passes_as_sent(output)
     }
 
     fn stream_translator(&self, _wants_usage: bool) -> Box<dyn StreamTranslation> {
