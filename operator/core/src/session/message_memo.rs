@@ -416,8 +416,13 @@ mod tests {
 
     /// Reads OpenAI-like messages of `{"role", "content"}`, counting the messages parsed.
     fn read(mut memo: MessageMemo, body: &str, parsed: &mut usize) -> ReadMessages {
+        let split = memo.split(Api::OpenAi, body.as_bytes(), None).unwrap();
+        read_split(memo, body, split, parsed)
+    }
+
+    /// [`read`] once `memo` has split `body` into `split`.
+    fn read_split(memo: MessageMemo, body: &str, split: SplitBody, parsed: &mut usize) -> ReadMessages {
         let body = Bytes::from(body.to_owned());
-        let split = memo.split(Api::OpenAi, &body, None).unwrap();
         memo.read(Api::OpenAi, &body, split, |_, raw| {
             *parsed += 1;
             let value: serde_json::Value = serde_json::from_slice(raw).unwrap();
@@ -573,7 +578,7 @@ mod tests {
         }
     }
 
-    /// A body that opens with the remembered body's messages is found to by one digest, kept open
+    /// A body that opens with the remembered body's messages is found so by one digest, kept open
     /// for the read; one with an earlier message changed is compared message by message, and its
     /// messages before the change are still reused.
     #[test]
@@ -583,16 +588,9 @@ mod tests {
         let resent = r#"{"messages":[{"role":"user","content":"a"},{"role":"assistant","content":"b"},{"role":"user","content":"c"}]}"#;
         let mut memo = memo_of(first);
         assert_eq!(memo.prefix.map(|prefix| prefix.end), Some(first_end));
-        let split = memo.split(Api::OpenAi, &Bytes::from(resent), None).unwrap();
+        let split = memo.split(Api::OpenAi, resent.as_bytes(), None).unwrap();
         assert_eq!(memo.resumed.as_ref().map(|open| open.end), Some(first_end));
-        let read = memo.read(Api::OpenAi, &Bytes::from(resent), split, |_, raw| {
-            let text = serde_json::from_slice::<serde_json::Value>(raw).unwrap()["content"].to_string();
-            Ok::<_, String>(Reading {
-                system: None,
-                turns: vec![Turn { role: Role::User, content: Content::text(text) }],
-            })
-        });
-        let read = read.unwrap();
+        let read = read_split(memo, resent, split, &mut 0);
         assert_eq!(read.reused_messages, 2);
         let fresh = read_fresh_prefix(resent);
         assert_eq!(
@@ -602,16 +600,9 @@ mod tests {
 
         let edited = r#"{"messages":[{"role":"user","content":"a"},{"role":"assistant","content":"B"},{"role":"user","content":"c"}]}"#;
         let mut memo = memo_of(first);
-        let split = memo.split(Api::OpenAi, &Bytes::from(edited), None).unwrap();
+        let split = memo.split(Api::OpenAi, edited.as_bytes(), None).unwrap();
         assert!(memo.resumed.is_none());
-        let read = memo.read(Api::OpenAi, &Bytes::from(edited), split, |_, raw| {
-            let text = serde_json::from_slice::<serde_json::Value>(raw).unwrap()["content"].to_string();
-            Ok::<_, String>(Reading {
-                system: None,
-                turns: vec![Turn { role: Role::User, content: Content::text(text) }],
-            })
-        });
-        let read = read.unwrap();
+        let read = read_split(memo, edited, split, &mut 0);
         assert_eq!(read.reused_messages, 1, "the message before the edit");
         assert_eq!(read.recollection.prefix, read_fresh_prefix(edited));
     }
