@@ -600,7 +600,8 @@ async fn complete(
         let earlier = &texts[..texts.len() - 1];
         // The request's only round, untouched by the engine's tools: its answer as the upstream
         // sent it, byte for byte, instead of parsed, copied and encoded again.
-        let body = if earlier.is_empty() && !retried && adapter.answer_passes_as_sent(&output) {
+        let as_sent = earlier.is_empty() && !retried && adapter.answer_passes_as_sent(&output);
+        let body = if as_sent {
             bytes
         } else {
             Bytes::from(adapter.client_response(&output, earlier, &total).to_string())
@@ -608,9 +609,10 @@ async fn complete(
         if let Some(key) = prepared.cache_key
             && texts.len() == 1
         {
-            // A copy of its own: the upstream's answer may lie in a larger read buffer, which the
-            // cache would hold uncounted for its whole time to live.
-            let kept = Bytes::copy_from_slice(&body);
+            // The upstream's answer may lie in a larger read buffer, which the cache would hold
+            // uncounted for its whole time to live: it keeps a copy of its own. A rebuilt answer is
+            // already sized to itself.
+            let kept = if as_sent { Bytes::copy_from_slice(&body) } else { body.clone() };
             gateway.responses.put(key, false, kept, response_cache_ttl(&prepared.settings));
         }
         prepared.overhead += started.elapsed();
