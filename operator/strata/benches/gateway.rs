@@ -18,7 +18,8 @@
 //! time of waiting on the upstream. The sequential phases
 //! also time two reference paths (`gateway_bench/pass_through.rs`), each a proxy in its own process
 //! that sends the upstream the gateway's last body, staged before the turn, and does none of the
-//! gateway's work: the two-hop limit, on the gateway's HTTP stack (axum server, hyper-util client);
+//! gateway's work: the two-hop limit, on the gateway's HTTP stack (axum server, a kept hyper HTTP/1
+//! connection, as the gateway sends to a plain-`http` upstream);
 //! and the floor, on hyper's own server with the same client. Each measured turn times the gateway, the direct path, the limit and the floor,
 //! in that order.
 //!

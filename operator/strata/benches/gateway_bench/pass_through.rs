@@ -1,13 +1,15 @@
 //! The gateway bench's reference proxies, each in its own process. Both take a client's request and
 //! send the upstream a body staged beforehand (the one the gateway sent), so they move the bytes a
 //! Stateful gateway moves with none of its work, and pass the answer back as it arrives. Both send
-//! with the gateway's upstream client (hyper-util's pooled client, `TCP_NODELAY`) and run two
-//! runtime workers, like the gateway:
+//! as the gateway sends to a plain-`http` upstream (`gateway/plain_http.rs`): hyper's HTTP/1
+//! connection, kept open and used again once the answer was read, `TCP_NODELAY`, no task spawned
+//! per request. Both run two runtime workers, like the gateway:
 //! - the two-hop limit ([`ARG`]): behind the gateway's server, axum with `TCP_NODELAY`;
 //! - the floor ([`FLOOR_ARG`]): behind hyper's own HTTP/1 server, the library under axum.
 //!
 //! Until the gateway's upstream client moved from reqwest to hyper-util, the limit sent with
-//! reqwest, as the gateway then did (BENCHMARKS.md, "The floor").
+//! reqwest, as the gateway then did (BENCHMARKS.md, "The floor"); until the gateway kept its own
+//! plain-`http` connections, both sent with hyper-util's pooled client.
 
 use std::io::{BufRead, Write};
 use std::net::SocketAddr;
@@ -21,11 +23,10 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::post;
 use http_body_util::{BodyExt, Either, Full};
 use hyper::body::Incoming;
+use hyper::client::conn::http1::SendRequest;
 use hyper::service::service_fn;
 use hyper::{Request, Uri};
-use hyper_util::client::legacy::Client;
-use hyper_util::client::legacy::connect::HttpConnector;
-use hyper_util::rt::{TokioExecutor, TokioIo};
+use hyper_util::rt::TokioIo;
 
 /// The bench binary runs as the two-hop limit's proxy when its first argument is this, followed by
 /// the upstream.
@@ -67,34 +68,48 @@ impl Drop for PassThrough {
     }
 }
 
-/// A proxy's state: the upstream client, where it sends, and the body to send.
+/// A proxy's state: where it sends, its connection there, and the body to send.
 struct Relay {
-    client: Client<HttpConnector, Full<Bytes>>,
-    uri: Uri,
+    upstream: String,
+    /// The kept HTTP/1 connection; the reference paths are timed one request at a time.
+    connection: tokio::sync::Mutex<Option<SendRequest<Full<Bytes>>>>,
     staged: std::sync::Mutex<Bytes>,
 }
 
 impl Relay {
-    /// A relay to the fake `upstream`, with the gateway's client settings.
+    /// A relay to the fake `upstream`.
     fn to(upstream: &str) -> std::sync::Arc<Self> {
-        let mut connector = HttpConnector::new();
-        connector.set_nodelay(true);
         std::sync::Arc::new(Self {
-            client: Client::builder(TokioExecutor::new()).build(connector),
-            uri: format!("http://{upstream}/v1/chat/completions").parse().unwrap(),
+            upstream: upstream.to_owned(),
+            connection: tokio::sync::Mutex::default(),
             staged: std::sync::Mutex::new(Bytes::new()),
         })
     }
 
-    /// Sends the staged body upstream; the answer's head, its body still to come.
+    /// Sends the staged body upstream; the answer's head, its body still to come. The connection
+    /// takes the next request once this answer was read to its end.
     async fn send_staged(&self) -> Result<hyper::Response<Incoming>, String> {
         let staged = self.staged.lock().unwrap().clone();
-        let upstream = Request::post(self.uri.clone())
+        let upstream = Request::post(Uri::from_static("/v1/chat/completions"))
+            .header(header::HOST, self.upstream.as_str())
             .header(header::CONTENT_TYPE, "application/json")
             .header("x-bench-direct", "1")
             .body(Full::new(staged))
             .unwrap();
-        self.client.request(upstream).await.map_err(|error| error.to_string())
+        let mut connection = self.connection.lock().await;
+        if connection.as_ref().is_none_or(SendRequest::is_closed) {
+            let stream =
+                tokio::net::TcpStream::connect(&self.upstream).await.map_err(|error| error.to_string())?;
+            stream.set_nodelay(true).map_err(|error| error.to_string())?;
+            let (sender, driver) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
+                .await
+                .map_err(|error| error.to_string())?;
+            tokio::spawn(driver);
+            *connection = Some(sender);
+        }
+        let sender = connection.as_mut().unwrap();
+        sender.ready().await.map_err(|error| error.to_string())?;
+        sender.send_request(upstream).await.map_err(|error| error.to_string())
     }
 }
 

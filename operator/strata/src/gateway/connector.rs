@@ -149,6 +149,17 @@ impl ProxiedConnector {
         Self { tcp, proxies: Arc::new(proxies) }
     }
 
+    /// A connector that goes to every host directly.
+    #[cfg(test)]
+    pub(crate) fn direct() -> Self {
+        Self::with_proxies(Matcher::builder().build())
+    }
+
+    /// Whether requests to `uri` go to it directly, through no proxy.
+    pub fn is_direct(&self, uri: &Uri) -> bool {
+        self.proxies.intercept(uri).is_none()
+    }
+
     /// The `Proxy-Authorization` value for a plain-HTTP request to `uri` sent through a proxy with
     /// credentials, if that is how `uri` is reached.
     pub fn proxy_authorization(&self, uri: &Uri) -> Option<HeaderValue> {
@@ -464,8 +475,7 @@ pub(super) mod tests {
             let _ = stream.write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\n{}").await;
             byte[0]
         });
-        let connector =
-            upstream_connector(ProxiedConnector::with_proxies(Matcher::builder().build())).unwrap();
+        let connector = upstream_connector(ProxiedConnector::direct()).unwrap();
         let client = hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
             .build::<_, http_body_util::Empty<bytes::Bytes>>(connector);
         let answer = client.get(format!("https://{address}/v1/models").parse().unwrap()).await;

@@ -15,6 +15,7 @@ mod metrics;
 mod openai;
 mod pending;
 mod pipeline;
+mod plain_http;
 mod proposals;
 pub(crate) mod provider;
 mod reporter;

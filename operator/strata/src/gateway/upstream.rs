@@ -2,7 +2,9 @@
 //!
 //! It is hyper-util's pooled client over [`super::connector`], not a higher-level client: the
 //! gateway needs no redirects, cookies or decompression, and on this path a higher-level client
-//! cost 35–40 µs a request (BENCHMARKS.md, "The floor: a zero-work proxy on hyper alone").
+//! cost 35–40 µs a request (BENCHMARKS.md, "The floor: a zero-work proxy on hyper alone"). A
+//! plain-`http` upstream reached directly is spoken to over [`super::plain_http`]'s connections,
+//! which go back for reuse when the answer is read, without a task per request.
 
 use std::collections::HashMap;
 use std::convert::Infallible;
@@ -22,6 +24,7 @@ use super::connector::{
     ProxiedConnector, UpstreamConnector, certificate_refusal, error_chain, pooled_client, request_failure,
 };
 use super::errors::GatewayError;
+use super::plain_http::{Lease, PlainHttpError, PlainHttpPool};
 use super::provider::adapter_for;
 use strata_core::session::render::body::ChunkedBody;
 
@@ -102,6 +105,8 @@ pub struct UpstreamResponse {
     /// When the whole call must be over (requests that are not streamed).
     deadline: Option<Instant>,
     timeout_seconds: u32,
+    /// The plain-`http` connection the answer came on, given back once the body was read to its end.
+    lease: Option<Lease>,
 }
 
 impl std::fmt::Debug for UpstreamResponse {
@@ -137,7 +142,10 @@ impl UpstreamResponse {
                         seconds: self.timeout_seconds,
                     });
                 }
-                Ok(None) => return Ok(None),
+                Ok(None) => {
+                    self.give_back_connection();
+                    return Ok(None);
+                }
                 Ok(Some(Err(error))) => {
                     return Err(GatewayError::UpstreamUnreachable {
                         url: self.url.clone(),
@@ -146,9 +154,19 @@ impl UpstreamResponse {
                 }
                 Ok(Some(Ok(frame))) => frame,
             };
+            if self.response.body().is_end_stream() {
+                self.give_back_connection();
+            }
             if let Ok(data) = frame.into_data() {
                 return Ok(Some(data));
             }
+        }
+    }
+
+    /// Gives the connection back for reuse: the body was read to its end.
+    fn give_back_connection(&mut self) {
+        if let Some(lease) = self.lease.take() {
+            lease.give_back();
         }
     }
 }
@@ -184,18 +202,58 @@ impl std::fmt::Debug for Upstream {
     }
 }
 
-/// A pooled client and the proxy settings its connector was built with.
+/// A pooled client, the proxy settings its connector was built with, and the connections to a
+/// plain-`http` upstream reached directly.
 struct Transport {
     client: Client<UpstreamConnector, UpstreamBody>,
     /// The TCP side of the client's connector: which requests go through a proxy.
     proxied: ProxiedConnector,
+    plain: Arc<PlainHttpPool>,
 }
 
 impl Transport {
     fn new(idle_timeout: Duration) -> Result<Self, String> {
         let (client, proxied) = pooled_client(idle_timeout)?;
-        Ok(Self { client, proxied })
+        Ok(Self::with(client, proxied, idle_timeout))
     }
+
+    fn with(
+        client: Client<UpstreamConnector, UpstreamBody>,
+        proxied: ProxiedConnector,
+        idle_timeout: Duration,
+    ) -> Self {
+        let plain = PlainHttpPool::new(proxied.clone(), idle_timeout);
+        Self { client, proxied, plain }
+    }
+
+    /// Sends `request`: on a plain-`http` connection when the upstream is reached directly over
+    /// `http`, on the pooled client otherwise.
+    async fn send(
+        &self,
+        request: Request<UpstreamBody>,
+    ) -> Result<(axum::http::Response<Incoming>, Option<Lease>), Failure> {
+        if request.uri().scheme_str() == Some("http") && self.proxied.is_direct(request.uri()) {
+            return match self.plain.send(request).await {
+                Ok((response, lease)) => Ok((response, Some(lease))),
+                Err(PlainHttpError::Connect(reason)) => Err(Failure { reason, retry: true }),
+                Err(PlainHttpError::Exchange(reason)) => Err(Failure { reason, retry: false }),
+            };
+        }
+        match self.client.request(request).await {
+            Ok(response) => Ok((response, None)),
+            Err(error) => Err(Failure {
+                retry: error.is_connect() && certificate_refusal(&error).is_none(),
+                reason: request_failure(&error, "the upstream"),
+            }),
+        }
+    }
+}
+
+/// Why a request was not answered, and whether trying again is safe and worth it (no connection
+/// was made, for a reason other than a refused certificate).
+struct Failure {
+    reason: String,
+    retry: bool,
 }
 
 fn base(settings: &Settings) -> String {
@@ -335,17 +393,16 @@ impl Upstream {
             if let Some(credentials) = transport.proxied.proxy_authorization(request.uri()) {
                 request.headers_mut().insert(header::PROXY_AUTHORIZATION, credentials);
             }
-            let sent = tokio::time::timeout(wait, transport.client.request(request))
-                .await
-                .map_err(|_| timed_out())?;
+            let sent = tokio::time::timeout(wait, transport.send(request)).await.map_err(|_| timed_out())?;
             match sent {
-                Ok(response) => {
+                Ok((response, lease)) => {
                     let response = UpstreamResponse {
                         response,
                         url: url.to_owned(),
                         read_timeout: self.read_timeout,
                         deadline,
                         timeout_seconds,
+                        lease,
                     };
                     return self.check(response).await;
                 }
@@ -353,18 +410,16 @@ impl Upstream {
                 // duplicate a model call: an upstream that briefly refuses connections (a full
                 // accept queue, a restarting proxy) is tried again after a short pause. A refused
                 // certificate would be refused again.
-                Err(error)
-                    if error.is_connect()
-                        && attempt < CONNECT_ATTEMPTS
-                        && certificate_refusal(&error).is_none() =>
-                {
-                    tracing::warn!(%url, attempt, error = %error_chain(&error), "upstream connection failed; trying again");
+                Err(failure) if failure.retry && attempt < CONNECT_ATTEMPTS => {
+                    tracing::warn!(%url, attempt, error = %failure.reason, "upstream connection failed; trying again");
                     tokio::time::sleep(CONNECT_RETRY_PAUSE * attempt).await;
                     attempt += 1;
                 }
-                Err(error) => {
-                    let reason = request_failure(&error, "the upstream");
-                    return Err(GatewayError::UpstreamUnreachable { url: url.to_owned(), reason });
+                Err(failure) => {
+                    return Err(GatewayError::UpstreamUnreachable {
+                        url: url.to_owned(),
+                        reason: failure.reason,
+                    });
                 }
             }
         }
@@ -590,7 +645,11 @@ mod tests {
         let proxied = ProxiedConnector::through(&format!("http://agent:s3cret@{proxy_address}"), "").unwrap();
         let client = super::super::connector::pooled_client_through(proxied.clone(), IDLE_CONNECTION_TIMEOUT);
         let upstream = Upstream {
-            transport: RwLock::new(Arc::new(Transport { client: client.unwrap(), proxied })),
+            transport: RwLock::new(Arc::new(Transport::with(
+                client.unwrap(),
+                proxied,
+                IDLE_CONNECTION_TIMEOUT,
+            ))),
             egress_problem: Mutex::default(),
             idle_timeout: IDLE_CONNECTION_TIMEOUT,
             read_timeout: Duration::from_secs(5),
