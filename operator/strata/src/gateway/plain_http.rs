@@ -241,27 +241,14 @@ async fn sweep(pool: Weak<PlainHttpPool>) {
 #[cfg(test)]
 mod tests {
     #![allow(clippy::unwrap_used)]
+    use super::super::connector::tests::answer_once as answer;
     use super::*;
     use http_body_util::{BodyExt, Full};
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
     fn get(address: std::net::SocketAddr) -> Request<UpstreamBody> {
         let mut request = Request::new(Full::new(Bytes::new()).boxed());
         *request.uri_mut() = format!("http://{address}/v1/models?limit=1").parse().unwrap();
         request
-    }
-
-    /// Reads one request head from `stream` and answers it with `{}`, keeping the connection.
-    async fn answer(stream: &mut tokio::net::TcpStream) -> String {
-        let (mut head, mut byte) = (Vec::new(), [0u8; 1]);
-        while !head.ends_with(b"\r\n\r\n") {
-            if stream.read(&mut byte).await.unwrap() == 0 {
-                return String::new();
-            }
-            head.push(byte[0]);
-        }
-        stream.write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\n{}").await.unwrap();
-        String::from_utf8(head).unwrap()
     }
 
     async fn read_to_end(response: Response<Incoming>) -> Bytes {
@@ -339,24 +326,6 @@ mod tests {
             served.await.unwrap().starts_with("GET /v1/models"),
             "the request reached the upstream on a new connection"
         );
-    }
-
-    #[tokio::test]
-    async fn an_idle_connection_is_closed_after_the_idle_timeout() {
-        let server = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let address = server.local_addr().unwrap();
-        let closed = tokio::spawn(async move {
-            let (mut stream, _) = server.accept().await.unwrap();
-            answer(&mut stream).await;
-            let mut buffer = [0u8; 16];
-            matches!(tokio::time::timeout(Duration::from_secs(5), stream.read(&mut buffer)).await, Ok(Ok(0)))
-        });
-        let pool = PlainHttpPool::new(ProxiedConnector::direct(), Duration::from_millis(100));
-        let (response, lease) = pool.send(get(address)).await.unwrap();
-        read_to_end(response).await;
-        lease.give_back();
-        assert!(closed.await.unwrap(), "the idle connection was closed within 5 s");
-        assert_eq!(pool.idle_count(), 0);
     }
 
     #[tokio::test]

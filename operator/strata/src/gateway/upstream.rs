@@ -597,8 +597,9 @@ mod tests {
         assert_eq!(hits.load(Ordering::SeqCst), 0, "the prompt never reached the redirect's target");
     }
 
-    /// An idle connection is closed after the idle timeout (hyper-util's pool needs a timer for
-    /// that; without one it keeps every idle connection open for good).
+    /// An idle connection is closed after the idle timeout (here a plain-`http` one, kept by
+    /// [`PlainHttpPool`], whose sweep closes it; hyper-util's pool, for `https`, needs its timer
+    /// for that, without which it keeps every idle connection open for good).
     #[tokio::test]
     async fn an_idle_upstream_connection_is_closed_after_the_idle_timeout() {
         use tokio::io::AsyncReadExt;
