@@ -35,8 +35,8 @@ use tower::Service;
 /// Time allowed to open a TCP connection (to the upstream or its proxy).
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 
-/// Idle connections kept per upstream host.
-const IDLE_CONNECTIONS_PER_HOST: usize = 1024;
+/// Idle connections kept per upstream host, by hyper-util's pool and by [`super::plain_http`].
+pub(crate) const IDLE_CONNECTIONS_PER_HOST: usize = 1024;
 
 /// Names a file holding the egress proxy's URL, credentials included if it needs them (the operator
 /// mounts it from `spec.model.egress.proxySecretRef`). When set, it is the proxy for `http` and

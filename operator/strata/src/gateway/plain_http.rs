@@ -25,13 +25,10 @@ use hyper::client::conn::http1::{self, SendRequest};
 use tokio::time::Instant;
 use tower::Service;
 
-use super::connector::{ProxiedConnector, error_chain};
+use super::connector::{IDLE_CONNECTIONS_PER_HOST, ProxiedConnector, error_chain};
 
 /// A request body as it goes upstream.
 type UpstreamBody = BoxBody<Bytes, Infallible>;
-
-/// Idle connections kept per upstream host at most (hyper-util's pool was given the same bound).
-const IDLE_PER_HOST: usize = 1024;
 
 /// The longest pause between two sweeps of idle connections.
 const LONGEST_SWEEP_PAUSE: Duration = Duration::from_secs(5);
@@ -188,7 +185,7 @@ impl PlainHttpPool {
         {
             let mut idle = self.idle.lock().unwrap_or_else(PoisonError::into_inner);
             let kept = idle.entry(host).or_default();
-            if kept.len() >= IDLE_PER_HOST {
+            if kept.len() >= IDLE_CONNECTIONS_PER_HOST {
                 return;
             }
             kept.push(Idle { sender, since: Instant::now() });
