@@ -48,6 +48,13 @@ struct Idle {
     since: Instant,
 }
 
+impl Idle {
+    /// Whether it may take a request: open, and idle for less than `idle_timeout`.
+    fn usable(&self, idle_timeout: Duration) -> bool {
+        self.since.elapsed() < idle_timeout && !self.sender.is_closed()
+    }
+}
+
 /// The connections to plain-`http` upstreams, idle ones by host.
 pub struct PlainHttpPool {
     connector: ProxiedConnector,
@@ -169,7 +176,7 @@ impl PlainHttpPool {
         let mut idle = self.idle.lock().unwrap_or_else(PoisonError::into_inner);
         let kept = idle.get_mut(host)?;
         while let Some(connection) = kept.pop() {
-            if connection.since.elapsed() < self.idle_timeout && !connection.sender.is_closed() {
+            if connection.usable(self.idle_timeout) {
                 return Some(connection.sender);
             }
         }
@@ -190,8 +197,9 @@ impl PlainHttpPool {
             }
             kept.push(Idle { sender, since: Instant::now() });
         }
-        if !self.sweeping.swap(true, std::sync::atomic::Ordering::AcqRel)
-            && let Ok(runtime) = tokio::runtime::Handle::try_current()
+        // The flag is taken only where a sweep can be started, so it never stays set without one.
+        if let Ok(runtime) = tokio::runtime::Handle::try_current()
+            && !self.sweeping.swap(true, std::sync::atomic::Ordering::AcqRel)
         {
             runtime.spawn(sweep(Arc::downgrade(&self)));
         }
@@ -201,9 +209,7 @@ impl PlainHttpPool {
     fn close_expired(&self) -> bool {
         let mut idle = self.idle.lock().unwrap_or_else(PoisonError::into_inner);
         idle.retain(|_, kept| {
-            kept.retain(|connection| {
-                connection.since.elapsed() < self.idle_timeout && !connection.sender.is_closed()
-            });
+            kept.retain(|connection| connection.usable(self.idle_timeout));
             !kept.is_empty()
         });
         !idle.is_empty()
