@@ -68,7 +68,9 @@ fn bench_compile(c: &mut Criterion) {
                     let start = std::time::Instant::now();
                     for k in 1..=run as usize {
                         compiler.sync(1, &entries[..base + k], &counter);
-                        let packet = compiler.compile(1_000_000, BudgetPolicy::default()).unwrap();
+                        let packet = compiler
+                            .compile(&entries[..base + k], 1_000_000, BudgetPolicy::default())
+                            .unwrap();
                         std::hint::black_box(packet.status.tokens);
                     }
                     total += start.elapsed();

@@ -47,9 +47,12 @@ fn incremental_compile_and_purge_on_real_trajectories() {
         let mut scratch = ContextCompiler::new(prefix.clone(), BreakpointPlacement::Auto);
         scratch.sync(journal.generation(), journal.entries(), &counter);
         assert_eq!(compiler.context_tokens(), scratch.context_tokens(), "{}", path.display());
-        let packet = compiler.compile(1_000_000, BudgetPolicy::default()).unwrap();
+        let packet = compiler.compile(journal.entries(), 1_000_000, BudgetPolicy::default()).unwrap();
         assert_eq!(packet.entries.len(), journal.entries().len());
-        assert!(packet.entries.iter().all(|e| e.text.starts_with(&format!("[{}]", e.id))));
+        for (index, entry) in journal.entries().iter().enumerate() {
+            assert_eq!(packet.text(index), strata_core::compiler::journaled_text(entry));
+            assert!(packet.text(index).starts_with(&format!("[{}]", entry.id)));
+        }
 
         // Purge the largest tool output.
         let largest: Entry = journal

@@ -10,12 +10,13 @@
 mod provenance;
 mod render;
 
+use std::borrow::Cow;
 use std::collections::{BTreeMap, HashMap};
 
 use serde::Serialize;
 
 pub use provenance::{TrustClass, entry_provenance, section_provenance};
-pub use render::{id_tag, render_entry};
+pub use render::{id_tag, journaled_text, render_entry, write_journaled_text};
 
 use crate::budget::{BudgetError, BudgetPolicy, ContextBudget, ContextStatus};
 use crate::entry::{Entry, EntryId, EntryKind, RetentionClass, Role, ToolCall};
@@ -65,16 +66,13 @@ pub struct RenderedEntry {
     pub id: EntryId,
     /// Provider role.
     pub role: Role,
-    /// Text with the visible ID tag, e.g. `[msg_104] Find the auth errors.`.
-    pub text: String,
-    /// Tool calls of an assistant entry.
-    pub tool_calls: Vec<ToolCall>,
-    /// Call IDs answered by a tool-result entry, in completion order.
-    pub answers_calls: Vec<String>,
+    /// The text a treatment gave the entry, with the visible ID tag (`[tool_res_9] def login(user):
+    /// … [elided]`). `None` while the entry is sent as journaled: its text is then written from
+    /// the journal entry when it is rendered ([`Packet::text`]), so the compiler does not hold a
+    /// second copy of the history's text.
+    pub replaced_text: Option<String>,
     /// Tokens of the rendered entry.
     pub tokens: u64,
-    /// sha256 of the journaled content.
-    pub source_hash: String,
     /// Why it is here.
     pub reason: InclusionReason,
     /// Whether it is in the window (false once expired).
@@ -128,6 +126,8 @@ pub struct Packet<'a> {
     pub prefix: &'a StablePrefix,
     /// Tier 2, in journal order (check [`RenderedEntry::included`]).
     pub entries: &'a [RenderedEntry],
+    /// The journal's entries Tier 2 was rendered from, position for position.
+    pub journal: &'a [Entry],
     /// Tier 3: the telemetry line, after the cache boundary.
     pub telemetry: String,
     /// Cache breakpoints, at most [`MAX_BREAKPOINTS`].
@@ -136,6 +136,60 @@ pub struct Packet<'a> {
     pub status: ContextStatus,
     /// The included Tier-2 tokens by the budget section they count against.
     pub tier2: Tier2Tokens,
+}
+
+/// The journal entry `id` in `journal`, looked for at `index` first: Tier 2 is rendered from the
+/// journal position for position ([`ContextCompiler::sync`]); the search by ID covers a journal
+/// slice that is not.
+fn journaled_at(journal: &[Entry], index: usize, id: EntryId) -> Option<&Entry> {
+    journal.get(index).filter(|entry| entry.id == id).or_else(|| journal.iter().find(|entry| entry.id == id))
+}
+
+impl<'a> Packet<'a> {
+    /// The journal entry Tier-2 entry `index` was rendered from.
+    pub fn journaled(&self, index: usize) -> Option<&'a Entry> {
+        journaled_at(self.journal, index, self.entries.get(index)?.id)
+    }
+
+    /// The text of Tier-2 entry `index` as the model sees it, with its visible ID tag: a
+    /// treatment's text, or else the journal entry's own, written now.
+    pub fn text(&self, index: usize) -> Cow<'a, str> {
+        let Some(rendered) = self.entries.get(index) else { return Cow::Borrowed("") };
+        if let Some(text) = &rendered.replaced_text {
+            return Cow::Borrowed(text);
+        }
+        let mut text = String::new();
+        self.write_text(index, &mut text);
+        Cow::Owned(text)
+    }
+
+    /// Appends [`Self::text`] of Tier-2 entry `index` to `out`.
+    pub fn write_text(&self, index: usize, out: &mut String) {
+        let Some(rendered) = self.entries.get(index) else { return };
+        match (&rendered.replaced_text, self.journaled(index)) {
+            (Some(text), _) => out.push_str(text),
+            (None, Some(entry)) => write_journaled_text(entry, out),
+            (None, None) => out.push_str(&id_tag(rendered.id)),
+        }
+    }
+
+    /// The content hash of the journal entry Tier-2 entry `index` was rendered from (empty when
+    /// it is not in the journal slice).
+    pub fn source_hash(&self, index: usize) -> &'a str {
+        self.journaled(index).map_or("", |entry| entry.content_hash.as_str())
+    }
+
+    /// The tool calls Tier-2 entry `index` sends: an included assistant entry's, as journaled.
+    pub fn tool_calls(&self, index: usize) -> &'a [ToolCall] {
+        let sends_calls = self
+            .entries
+            .get(index)
+            .is_some_and(|rendered| rendered.included && rendered.role == Role::Assistant);
+        match self.journaled(index) {
+            Some(entry) if sends_calls => &entry.content.tool_calls,
+            _ => &[],
+        }
+    }
 }
 
 /// Included Tier-2 tokens by the budget section they count against, kept up to date as entries are
@@ -380,14 +434,21 @@ impl ContextCompiler {
         Ok(())
     }
 
-    /// Compile the packet for one request. O(1) in the history: Tier 2 is borrowed as rendered.
-    pub fn compile(&self, limit: u64, policy: BudgetPolicy) -> Result<Packet<'_>, CompileError> {
+    /// Compile the packet for one request. O(1) in the history: Tier 2 is borrowed as rendered,
+    /// with `journal`, the entries it was last synced with ([`Self::sync`]), for their text.
+    pub fn compile<'a>(
+        &'a self,
+        journal: &'a [Entry],
+        limit: u64,
+        policy: BudgetPolicy,
+    ) -> Result<Packet<'a>, CompileError> {
         let telemetry_estimate = render::TELEMETRY_TOKENS;
         let budget = ContextBudget::new(limit, self.context_tokens() + telemetry_estimate, policy)?;
         let status = budget.status();
         Ok(Packet {
             prefix: &self.prefix,
             entries: &self.rendered,
+            journal,
             telemetry: if self.volatile_context.is_empty() {
                 status.telemetry_line()
             } else {
@@ -421,8 +482,9 @@ impl ContextCompiler {
         points
     }
 
-    /// Every inclusion decision, Tier 1 to Tier 3 (for the inspector; O(history)).
-    pub fn decisions(&self, privacy_scope: &str) -> Vec<InclusionDecision> {
+    /// Every inclusion decision, Tier 1 to Tier 3 (for the inspector; O(history)), with `journal`,
+    /// the entries Tier 2 was last synced with, for their content hashes.
+    pub fn decisions(&self, journal: &[Entry], privacy_scope: &str) -> Vec<InclusionDecision> {
         let mut decisions = Vec::with_capacity(self.rendered.len() + 4);
         let manifest = self.prefix.manifest();
         for section in &manifest.sections {
@@ -439,15 +501,16 @@ impl ContextCompiler {
                 privacy_scope: privacy_scope.to_owned(),
             });
         }
-        for entry in &self.rendered {
+        for (index, entry) in self.rendered.iter().enumerate() {
             let (source, trust_class) = entry_provenance(entry.id.kind(), entry.role);
+            let journaled = journaled_at(journal, index, entry.id);
             decisions.push(InclusionDecision {
                 id: entry.id.to_string(),
                 tier: 2,
                 included: entry.included,
                 reason: entry.reason,
                 tokens: entry.tokens,
-                source_hash: entry.source_hash.clone(),
+                source_hash: journaled.map(|journaled| journaled.content_hash.clone()).unwrap_or_default(),
                 source,
                 trust_class,
                 privacy_scope: privacy_scope.to_owned(),

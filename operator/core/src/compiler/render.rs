@@ -1,6 +1,6 @@
 //! Rendering one journal entry for the window: the visible ID tag, and the entry's treatment.
 
-use crate::entry::{Entry, EntryId, Role};
+use crate::entry::{Entry, EntryId};
 use crate::tokens::{DigitShapeCounts, TokenCounter};
 
 use super::{InclusionReason, RenderedEntry, Treatment};
@@ -13,7 +13,25 @@ pub fn id_tag(id: EntryId) -> String {
     format!("[{id}]")
 }
 
-/// Render `entry` under an optional treatment.
+/// The text of `entry` as journaled, with its visible ID tag: `[msg_104] Find the auth errors.`.
+pub fn journaled_text(entry: &Entry) -> String {
+    let mut text = id_tag(entry.id);
+    append_journal_body(&mut text, entry);
+    text
+}
+
+/// Appends [`journaled_text`] of `entry` to `out`.
+pub fn write_journaled_text(entry: &Entry, out: &mut String) {
+    use std::fmt::Write as _;
+    // Writing to a String cannot fail.
+    let _ = write!(out, "[{}]", entry.id);
+    append_journal_body(out, entry);
+}
+
+/// Render `entry` under an optional treatment. An untreated entry keeps no copy of its text
+/// ([`RenderedEntry::replaced_text`] is `None`), and no entry a copy of its tool calls: both are
+/// read from the journal entry when the entry is rendered for a provider ([`super::Packet::text`],
+/// [`super::Packet::tool_calls`]).
 /// `tag_counts` counts the ID tag by its shape.
 pub fn render_entry(
     entry: &Entry,
@@ -23,36 +41,26 @@ pub fn render_entry(
 ) -> RenderedEntry {
     let tag = id_tag(entry.id);
     let tag_tokens = u64::from(tag_counts.count(counter, &tag)) + 1;
-    let answers_calls: Vec<String> = entry.content.tool_results.iter().map(|r| r.call_id.clone()).collect();
-    // The tag, then a space and the body when there is one, written once into a string of its size.
-    let mut text = tag;
-    let (tokens, reason, included) = match treatment {
-        None => {
-            append_journal_body(&mut text, entry);
-            (entry.tokens + tag_tokens, InclusionReason::Journal, true)
-        }
+    let (replaced_text, tokens, reason, included) = match treatment {
+        None => (None, entry.tokens + tag_tokens, InclusionReason::Journal, true),
         Some(Treatment::Replace { text: replacement, reason }) => {
+            let tokens = u64::from(counter.count(replacement)) + tag_tokens;
+            // The tag, then a space and the replacement when there is one, in a string of its size.
+            let mut text = tag;
             if !replacement.is_empty() {
                 text.reserve_exact(1 + replacement.len());
                 text.push(' ');
                 text.push_str(replacement);
             }
-            (u64::from(counter.count(replacement)) + tag_tokens, *reason, true)
+            (Some(text), tokens, *reason, true)
         }
-        Some(Treatment::Omit) => (0, InclusionReason::Expired, false),
+        Some(Treatment::Omit) => (Some(tag), 0, InclusionReason::Expired, false),
     };
     RenderedEntry {
         id: entry.id,
         role: entry.role,
-        text,
-        tool_calls: if included && entry.role == Role::Assistant {
-            entry.content.tool_calls.clone()
-        } else {
-            Vec::new()
-        },
-        answers_calls,
+        replaced_text,
         tokens,
-        source_hash: entry.content_hash.clone(),
         reason,
         included,
         retention: entry.retention,
@@ -85,7 +93,7 @@ fn append_journal_body(text: &mut String, entry: &Entry) {
 mod tests {
     #![allow(clippy::unwrap_used)]
     use super::*;
-    use crate::entry::{Content, EntryDraft, EntryKind, RetentionClass, ToolResult};
+    use crate::entry::{Content, EntryDraft, EntryKind, RetentionClass, Role, ToolResult};
 
     fn entry(text: &str, outputs: &[&str]) -> Entry {
         let tool_results = outputs
@@ -138,22 +146,29 @@ mod tests {
         for (text, outputs) in cases {
             let entry = entry(text, outputs);
             let rendered = render_entry(&entry, None, &counter, &mut DigitShapeCounts::default());
-            assert_eq!(rendered.text, joined_then_formatted(&entry), "{text:?} {outputs:?}");
+            assert_eq!(rendered.replaced_text, None);
+            assert_eq!(journaled_text(&entry), joined_then_formatted(&entry), "{text:?} {outputs:?}");
+            let mut written = String::from("before ");
+            write_journaled_text(&entry, &mut written);
+            assert_eq!(written, format!("before {}", joined_then_formatted(&entry)));
         }
         let entry = entry("text", &["a"]);
         let replace = |text: &str| Treatment::Replace { text: text.into(), reason: InclusionReason::Elided };
         let tag = id_tag(entry.id);
         assert_eq!(
-            render_entry(&entry, Some(&replace("short")), &counter, &mut DigitShapeCounts::default()).text,
-            format!("{tag} short")
+            render_entry(&entry, Some(&replace("short")), &counter, &mut DigitShapeCounts::default())
+                .replaced_text,
+            Some(format!("{tag} short"))
         );
         assert_eq!(
-            render_entry(&entry, Some(&replace("")), &counter, &mut DigitShapeCounts::default()).text,
-            tag
+            render_entry(&entry, Some(&replace("")), &counter, &mut DigitShapeCounts::default())
+                .replaced_text,
+            Some(tag.clone())
         );
         assert_eq!(
-            render_entry(&entry, Some(&Treatment::Omit), &counter, &mut DigitShapeCounts::default()).text,
-            tag
+            render_entry(&entry, Some(&Treatment::Omit), &counter, &mut DigitShapeCounts::default())
+                .replaced_text,
+            Some(tag)
         );
     }
 }

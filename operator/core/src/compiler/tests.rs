@@ -72,16 +72,49 @@ fn packet_has_tiers_in_order_with_visible_ids() {
     let entries = history(&counter, 6);
     let mut compiler = ContextCompiler::new(prefix(&counter), BreakpointPlacement::Auto);
     assert_eq!(compiler.sync(1, &entries, &counter), SyncOutcome::Rebuilt(6));
-    let packet = compiler.compile(128_000, BudgetPolicy::default()).unwrap();
+    let packet = compiler.compile(&entries, 128_000, BudgetPolicy::default()).unwrap();
     assert_eq!(packet.entries.len(), 6);
-    assert!(packet.entries[0].text.starts_with("[msg_1] Please fix issue 1"));
-    assert!(packet.entries[2].text.starts_with("[tool_res_3] def login"));
-    assert_eq!(packet.entries[2].answers_calls, ["call_3"]);
+    assert!(packet.text(0).starts_with("[msg_1] Please fix issue 1"));
+    assert!(packet.text(2).starts_with("[tool_res_3] def login"));
+    // An untreated entry holds no copy of its text: it is written from the journal entry.
+    assert!(packet.entries.iter().all(|entry| entry.replaced_text.is_none()));
     assert!(packet.telemetry.starts_with("Status: Context: "), "{}", packet.telemetry);
     assert!(packet.telemetry.ends_with("| Level: Normal"), "{}", packet.telemetry);
     let expected = compiler.context_tokens() + render::TELEMETRY_TOKENS;
     assert_eq!(packet.status.tokens, expected);
     assert_eq!(packet.breakpoints, vec![Breakpoint::Tier1, Breakpoint::Entry { id: entries[5].id }]);
+}
+
+#[test]
+fn an_entry_text_is_found_by_its_id_when_the_journal_slice_is_not_aligned() {
+    let counter = counter();
+    let entries = history(&counter, 6);
+    let mut compiler = ContextCompiler::new(prefix(&counter), BreakpointPlacement::Auto);
+    compiler.sync(1, &entries, &counter);
+    let shifted = &entries[2..];
+    let packet = compiler.compile(shifted, 128_000, BudgetPolicy::default()).unwrap();
+    assert_eq!(packet.text(4), journaled_text(&entries[4]));
+    // An entry the slice lacks is sent as its tag alone, never as another entry's text.
+    assert_eq!(packet.text(0), id_tag(entries[0].id));
+    assert_eq!(packet.text(99), "");
+}
+
+#[test]
+fn an_included_assistant_entry_sends_its_journaled_tool_calls_and_an_omitted_one_none() {
+    let counter = counter();
+    let mut entries = history(&counter, 3);
+    let call = ToolCall { call_id: "call_3".into(), name: "read_file".into(), arguments_json: "{}".into() };
+    entries[1].content.tool_calls.push(call.clone());
+    let mut compiler = ContextCompiler::new(prefix(&counter), BreakpointPlacement::Auto);
+    compiler.sync(1, &entries, &counter);
+    let packet = compiler.compile(&entries, 128_000, BudgetPolicy::default()).unwrap();
+    assert_eq!(packet.tool_calls(1), [call]);
+    assert!(packet.tool_calls(0).is_empty() && packet.tool_calls(2).is_empty());
+    compiler
+        .apply_treatments(BTreeMap::from([(entries[1].id, Treatment::Omit)]), &entries, &counter)
+        .unwrap();
+    let packet = compiler.compile(&entries, 128_000, BudgetPolicy::default()).unwrap();
+    assert!(packet.tool_calls(1).is_empty());
 }
 
 #[test]
@@ -97,9 +130,10 @@ fn appending_renders_only_new_entries_and_matches_a_rebuild() {
     let mut scratch = ContextCompiler::new(prefix(&counter), BreakpointPlacement::Auto);
     scratch.sync(1, &entries, &counter);
     assert_eq!(incremental.context_tokens(), scratch.context_tokens());
-    let a = incremental.compile(128_000, BudgetPolicy::default()).unwrap();
-    let b = scratch.compile(128_000, BudgetPolicy::default()).unwrap();
+    let a = incremental.compile(&entries, 128_000, BudgetPolicy::default()).unwrap();
+    let b = scratch.compile(&entries, 128_000, BudgetPolicy::default()).unwrap();
     assert_eq!(a.entries, b.entries);
+    assert!((0..entries.len()).all(|index| a.text(index) == b.text(index)));
     assert_eq!(a.telemetry, b.telemetry);
 }
 
@@ -113,8 +147,8 @@ fn a_new_generation_rebuilds() {
         vec![entry(10, EntryKind::Summary, Role::User, "Summary: issues 1-9 fixed.", &counter)];
     compacted.extend_from_slice(&entries[7..]);
     assert_eq!(compiler.sync(2, &compacted, &counter), SyncOutcome::Rebuilt(3));
-    let packet = compiler.compile(128_000, BudgetPolicy::default()).unwrap();
-    assert_eq!(packet.entries[0].text, "[summary_10] Summary: issues 1-9 fixed.");
+    let packet = compiler.compile(&compacted, 128_000, BudgetPolicy::default()).unwrap();
+    assert_eq!(packet.text(0), "[summary_10] Summary: issues 1-9 fixed.");
     assert_eq!(
         packet.breakpoints,
         vec![
@@ -147,11 +181,13 @@ fn treatments_change_only_their_entries() {
         (entries[0].id, Treatment::Omit),
     ]);
     compiler.apply_treatments(batch, &entries, &counter).unwrap();
-    let packet = compiler.compile(128_000, BudgetPolicy::default()).unwrap();
+    let packet = compiler.compile(&entries, 128_000, BudgetPolicy::default()).unwrap();
     assert!(compiler.context_tokens() < before);
     assert!(!packet.entries[0].included);
     assert_eq!(packet.entries[8].reason, InclusionReason::Elided);
-    assert_eq!(packet.entries[8].text, "[tool_res_9] def login(user): … [elided]");
+    assert_eq!(packet.text(8), "[tool_res_9] def login(user): … [elided]");
+    assert_eq!(packet.text(0), "[msg_1]");
+    assert_eq!(packet.text(1), journaled_text(&entries[1]));
     assert_eq!(
         packet.entries[1],
         ContextCompiler::new(prefix(&counter), BreakpointPlacement::Auto).tap_sync(&entries, &counter)[1]
@@ -160,7 +196,7 @@ fn treatments_change_only_their_entries() {
     let more = history(&counter, 12);
     compiler.sync(1, &more, &counter);
     assert_eq!(
-        compiler.compile(128_000, BudgetPolicy::default()).unwrap().entries[8].reason,
+        compiler.compile(&more, 128_000, BudgetPolicy::default()).unwrap().entries[8].reason,
         InclusionReason::Elided
     );
     let unknown = BTreeMap::from([(EntryId::new(EntryKind::Message, 999), Treatment::Omit)]);
@@ -189,7 +225,7 @@ fn section_totals_follow_appends_treatments_and_rebuilds() {
     let entries = history(&counter, 9);
     let mut compiler = ContextCompiler::new(prefix(&counter), BreakpointPlacement::Auto);
     compiler.sync(1, &entries, &counter);
-    let packet = compiler.compile(128_000, BudgetPolicy::default()).unwrap();
+    let packet = compiler.compile(&entries, 128_000, BudgetPolicy::default()).unwrap();
     assert!(packet.tier2.tool_results > 0 && packet.tier2.history > 0);
     assert_eq!(packet.tier2, walked_totals(&packet));
     let batch = BTreeMap::from([
@@ -197,14 +233,14 @@ fn section_totals_follow_appends_treatments_and_rebuilds() {
         (entries[0].id, Treatment::Omit),
     ]);
     compiler.apply_treatments(batch, &entries, &counter).unwrap();
-    let packet = compiler.compile(128_000, BudgetPolicy::default()).unwrap();
+    let packet = compiler.compile(&entries, 128_000, BudgetPolicy::default()).unwrap();
     assert_eq!(packet.tier2, walked_totals(&packet));
     let more = history(&counter, 14);
     compiler.sync(1, &more, &counter);
-    let packet = compiler.compile(128_000, BudgetPolicy::default()).unwrap();
+    let packet = compiler.compile(&more, 128_000, BudgetPolicy::default()).unwrap();
     assert_eq!(packet.tier2, walked_totals(&packet));
     compiler.sync(2, &entries[..4], &counter);
-    let packet = compiler.compile(128_000, BudgetPolicy::default()).unwrap();
+    let packet = compiler.compile(&entries[..4], 128_000, BudgetPolicy::default()).unwrap();
     assert_eq!(packet.tier2, walked_totals(&packet));
     assert_eq!(packet.tier2.total() + compiler.prefix_tokens, compiler.context_tokens());
 }
@@ -222,14 +258,14 @@ fn decisions_cover_every_section_and_entry() {
     let entries = history(&counter, 4);
     let mut compiler = ContextCompiler::new(prefix(&counter), BreakpointPlacement::Off);
     compiler.sync(1, &entries, &counter);
-    let decisions = compiler.decisions("workspace:alpha");
+    let decisions = compiler.decisions(&entries, "workspace:alpha");
     assert!(decisions.iter().all(|d| d.privacy_scope == "workspace:alpha" && !d.source.is_empty()));
     let tier1 = decisions.iter().filter(|d| d.tier == 1).count();
     assert_eq!(tier1, compiler.prefix().manifest().sections.len());
     assert_eq!(decisions.iter().filter(|d| d.tier == 2).count(), 4);
     assert_eq!(decisions.last().unwrap().reason, InclusionReason::Telemetry);
     assert!(decisions.iter().filter(|d| d.tier < 3).all(|d| d.source_hash.len() == 64));
-    assert!(compiler.compile(128_000, BudgetPolicy::default()).unwrap().breakpoints.is_empty());
+    assert!(compiler.compile(&entries, 128_000, BudgetPolicy::default()).unwrap().breakpoints.is_empty());
 }
 
 #[test]
@@ -246,7 +282,7 @@ fn levels_follow_the_budget() {
         ..BudgetPolicy::default()
     };
     let limit = used * 100 / 91; // about 91% used: HighRisk
-    let packet = compiler.compile(limit, policy).unwrap();
+    let packet = compiler.compile(&entries, limit, policy).unwrap();
     assert!(packet.telemetry.ends_with("| Level: HighRisk"), "{}", packet.telemetry);
 }
 

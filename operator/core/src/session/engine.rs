@@ -1505,7 +1505,7 @@ impl SessionEngine {
 
     /// The context status now.
     pub fn status(&self, settings: &SessionSettings) -> Result<ContextStatus, EngineError> {
-        Ok(self.compiler.compile(settings.limit, settings.budget)?.status)
+        Ok(self.compiler.compile(self.journal.entries(), settings.limit, settings.budget)?.status)
     }
 
     /// Seed-000 admission of an operation adding `request.estimated_tokens` to the context.
@@ -1609,7 +1609,7 @@ impl SessionEngine {
     ) -> Result<UpstreamCall, EngineError> {
         let mut head = head;
         let max_tokens_clamp = clamp_max_tokens(&mut head, settings.budget.reserved_completion_tokens);
-        let packet = self.compiler.compile(settings.limit, settings.budget)?;
+        let packet = self.compiler.compile(self.journal.entries(), settings.limit, settings.budget)?;
         self.assembly.check_epoch(self.tier2_epoch);
         let (fragments, assembly, ledger) = (&mut self.fragments, &mut self.assembly, &self.ledger);
         let body = match self.api {
@@ -1637,9 +1637,8 @@ impl SessionEngine {
             hash: packet
                 .entries
                 .iter()
-                .rev()
-                .find(|e| e.included)
-                .map(|e| e.source_hash.clone())
+                .rposition(|e| e.included)
+                .map(|index| packet.source_hash(index).to_owned())
                 .unwrap_or_default(),
         });
         sections.push(SectionSummary {
@@ -1722,16 +1721,18 @@ impl SessionEngine {
     /// included Tier-2 entry, the telemetry) with its breakpoint. Replay prices the call it just
     /// rendered with this; the gateway never needs it.
     pub fn prompt_blocks(&self, settings: &SessionSettings) -> Result<Vec<Block>, EngineError> {
-        let packet = self.compiler.compile(settings.limit, settings.budget)?;
+        let packet = self.compiler.compile(self.journal.entries(), settings.limit, settings.budget)?;
         Ok(prompt_blocks(&packet, &self.counter))
     }
 
     /// The text of the current context: Tier 1 and every included Tier-2 entry.
     pub fn context_text(&self, settings: &SessionSettings) -> Result<String, EngineError> {
-        let packet = self.compiler.compile(settings.limit, settings.budget)?;
+        let packet = self.compiler.compile(self.journal.entries(), settings.limit, settings.budget)?;
         let mut context = packet.prefix.text();
-        for entry in packet.entries.iter().filter(|e| e.included) {
-            context.push_str(&entry.text);
+        for (index, entry) in packet.entries.iter().enumerate() {
+            if entry.included {
+                packet.write_text(index, &mut context);
+            }
         }
         Ok(context)
     }
@@ -1777,7 +1778,7 @@ impl SessionEngine {
 
     /// Every inclusion decision of the current packet, Tier 1 to Tier 3.
     pub fn decisions(&self) -> Vec<InclusionDecision> {
-        self.compiler.decisions(&self.privacy_scope)
+        self.compiler.decisions(self.journal.entries(), &self.privacy_scope)
     }
 
     /// Here is the client's request: journals its new turns (redacted, spilled, deduplicated),
@@ -1903,7 +1904,10 @@ impl SessionEngine {
         if settings.stages.memory_tokens == 0 {
             return false;
         }
-        let Ok(packet) = self.compiler.compile(settings.limit, settings.budget) else { return false };
+        let Ok(packet) = self.compiler.compile(self.journal.entries(), settings.limit, settings.budget)
+        else {
+            return false;
+        };
         let summaries =
             packet.entries.iter().filter(|entry| entry.included && entry.id.kind() == EntryKind::Summary);
         summaries.take(2).count() == 2 && self.stage_over(settings, Stage::Memory)
@@ -1920,7 +1924,10 @@ impl SessionEngine {
         if ceiling == 0 {
             return false;
         }
-        let Ok(packet) = self.compiler.compile(settings.limit, settings.budget) else { return false };
+        let Ok(packet) = self.compiler.compile(self.journal.entries(), settings.limit, settings.budget)
+        else {
+            return false;
+        };
         allocate(
             settings.limit,
             &settings.budget,
@@ -1941,7 +1948,7 @@ impl SessionEngine {
         if !self.stage_over(settings, Stage::ToolResults) {
             return Ok((Treated::default(), Vec::new()));
         }
-        let packet = self.compiler.compile(settings.limit, settings.budget)?;
+        let packet = self.compiler.compile(self.journal.entries(), settings.limit, settings.budget)?;
         let allocated = allocate(
             settings.limit,
             &settings.budget,
@@ -2147,9 +2154,13 @@ fn prompt_blocks(packet: &Packet<'_>, counter: &TokenCounter) -> Vec<Block> {
             breakpoint: packet.breakpoints.contains(&Breakpoint::Tier1),
         });
     }
-    for entry in packet.entries.iter().filter(|e| e.included) {
+    // One buffer for every entry's text: it is written, hashed and cleared, not allocated again.
+    let mut text = String::new();
+    for (index, entry) in packet.entries.iter().enumerate().filter(|(_, entry)| entry.included) {
+        text.clear();
+        packet.write_text(index, &mut text);
         blocks.push(Block {
-            hash: block_hash(&entry.text),
+            hash: block_hash(&text),
             tokens: entry.tokens,
             breakpoint: packet.breakpoints.contains(&Breakpoint::Entry { id: entry.id }),
         });

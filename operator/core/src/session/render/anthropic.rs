@@ -4,7 +4,7 @@
 use std::collections::HashSet;
 
 use crate::compiler::{Breakpoint, Packet, RenderedEntry};
-use crate::entry::{EntryId, Role};
+use crate::entry::{EntryId, Role, ToolCall};
 use bytes::Bytes;
 use serde_json::{Map, Value, json};
 
@@ -17,14 +17,19 @@ use super::tier1::{Tier1Json, ephemeral};
 /// Text that opens the conversation when its first kept entry is the assistant's.
 pub const LEADING_USER_TEXT: &str = "[strata: earlier context continues]";
 
-fn blocks(entry: &RenderedEntry, ledger: &CallLedger) -> (Vec<Value>, bool, bool) {
+fn blocks(
+    entry: &RenderedEntry,
+    entry_text: &str,
+    calls: &[ToolCall],
+    ledger: &CallLedger,
+) -> (Vec<Value>, bool, bool) {
     let text = |text: &str| json!({"type": "text", "text": text});
     match entry.role {
-        Role::User | Role::System => (vec![text(&entry.text)], true, false),
+        Role::User | Role::System => (vec![text(entry_text)], true, false),
         Role::Assistant => {
-            let mut out = vec![text(&entry.text)];
+            let mut out = vec![text(entry_text)];
             let mut complete = true;
-            for call in &entry.tool_calls {
+            for call in calls {
                 if !ledger.is_answered(entry.id, &call.call_id) {
                     complete &= !ledger.is_open(entry.id);
                     continue;
@@ -40,9 +45,9 @@ fn blocks(entry: &RenderedEntry, ledger: &CallLedger) -> (Vec<Value>, bool, bool
         Role::Tool => {
             let mut issued = ledger.answers(entry.id).iter();
             let Some(first) = issued.next() else {
-                return (vec![text(&entry.text)], true, false);
+                return (vec![text(entry_text)], true, false);
             };
-            let mut out = vec![json!({"type": "tool_result", "tool_use_id": first, "content": entry.text})];
+            let mut out = vec![json!({"type": "tool_result", "tool_use_id": first, "content": entry_text})];
             for other in issued {
                 out.push(json!({"type": "tool_result", "tool_use_id": other, "content": format!("[see {}]", entry.id)}));
             }
@@ -63,18 +68,24 @@ fn join(values: &[Value], text_len: usize) -> Vec<u8> {
     out
 }
 
-/// One Tier-2 entry as comma-separated Anthropic content blocks.
-pub fn fragment(entry: &RenderedEntry, ledger: &CallLedger) -> Rendered {
-    let (values, complete, assistant) = blocks(entry, ledger);
-    Rendered { json: join(&values, entry.text.len()), complete, assistant }
+/// One Tier-2 entry, whose model-visible text is `text` and whose tool calls are `calls`, as
+/// comma-separated Anthropic content blocks.
+pub fn fragment(entry: &RenderedEntry, text: &str, calls: &[ToolCall], ledger: &CallLedger) -> Rendered {
+    let (values, complete, assistant) = blocks(entry, text, calls, ledger);
+    Rendered { json: join(&values, text.len()), complete, assistant }
 }
 
-fn fragment_with_breakpoint(entry: &RenderedEntry, ledger: &CallLedger) -> (Vec<u8>, bool) {
-    let (mut values, _, assistant) = blocks(entry, ledger);
+fn fragment_with_breakpoint(
+    entry: &RenderedEntry,
+    text: &str,
+    calls: &[ToolCall],
+    ledger: &CallLedger,
+) -> (Vec<u8>, bool) {
+    let (mut values, _, assistant) = blocks(entry, text, calls, ledger);
     if let Some(Value::Object(last)) = values.last_mut() {
         last.insert("cache_control".into(), ephemeral());
     }
-    (join(&values, entry.text.len()), assistant)
+    (join(&values, text.len()), assistant)
 }
 
 /// Writes one content block, opening and closing message groups as the side changes.
@@ -133,10 +144,13 @@ pub fn body(
         let entry = &packet.entries[index];
         if entry.included {
             if entry_breakpoints.contains(&entry.id) {
-                let (json, assistant) = fragment_with_breakpoint(entry, ledger);
+                let (json, assistant) =
+                    fragment_with_breakpoint(entry, &packet.text(index), packet.tool_calls(index), ledger);
                 block(assembly, &mut side, assistant, &Bytes::from(json));
             } else {
-                let fragment = cache.get(index, entry, |entry| fragment(entry, ledger));
+                let fragment = cache.get(index, entry, packet.source_hash(index), |entry| {
+                    fragment(entry, &packet.text(index), packet.tool_calls(index), ledger)
+                });
                 if !fragment.is_complete() {
                     break;
                 }
@@ -174,10 +188,13 @@ pub fn body(
             continue;
         }
         if entry_breakpoints.contains(&entry.id) {
-            let (json, assistant) = fragment_with_breakpoint(entry, ledger);
+            let (json, assistant) =
+                fragment_with_breakpoint(entry, &packet.text(index), packet.tool_calls(index), ledger);
             block(&mut out, &mut side, assistant, &Bytes::from(json));
         } else {
-            let fragment = cache.get(index, entry, |entry| fragment(entry, ledger));
+            let fragment = cache.get(index, entry, packet.source_hash(index), |entry| {
+                fragment(entry, &packet.text(index), packet.tool_calls(index), ledger)
+            });
             block(&mut out, &mut side, fragment.assistant, &fragment.json);
         }
     }

@@ -53,11 +53,13 @@ impl FragmentCache {
         crate::room_ahead::make(&mut self.items)
     }
 
-    /// The fragment of `entry` at `index`, rendered with `render` when missing, stale or incomplete.
+    /// The fragment of `entry` at `index`, whose journaled content hashes to `source_hash`,
+    /// rendered with `render` when missing, stale or incomplete.
     pub fn get(
         &mut self,
         index: usize,
         entry: &RenderedEntry,
+        source_hash: &str,
         render: impl FnOnce(&RenderedEntry) -> Rendered,
     ) -> &Fragment {
         if self.items.len() <= index {
@@ -68,7 +70,7 @@ impl FragmentCache {
             fragment.complete
                 && fragment.id == entry.id
                 && fragment.reason == entry.reason
-                && fragment.source_hash == entry.source_hash
+                && fragment.source_hash == source_hash
         });
         if !fresh {
             *slot = None;
@@ -78,7 +80,7 @@ impl FragmentCache {
             Fragment {
                 id: entry.id,
                 reason: entry.reason,
-                source_hash: entry.source_hash.clone(),
+                source_hash: source_hash.to_owned(),
                 complete: rendered.complete,
                 assistant: rendered.assistant,
                 json: Bytes::from(rendered.json),

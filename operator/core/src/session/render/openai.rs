@@ -1,7 +1,7 @@
 //! The upstream body of an OpenAI chat completion built from the compiled packet.
 
 use crate::compiler::{Packet, RenderedEntry};
-use crate::entry::Role;
+use crate::entry::{Role, ToolCall};
 use serde_json::{Map, Value};
 
 use super::body::{Assembly, ChunkedBody, Sink};
@@ -10,16 +10,15 @@ use super::json_write::{ChatMessage, OpenAiFunction, OpenAiToolCall, json_bytes,
 use super::ledger::CallLedger;
 use super::tier1::Tier1Json;
 
-/// One Tier-2 entry as OpenAI message JSON (one or more messages, comma-separated).
-pub fn fragment(entry: &RenderedEntry, ledger: &CallLedger) -> Rendered {
-    let text = entry.text.as_str();
+/// One Tier-2 entry, whose model-visible text is `text` and whose tool calls are `calls`, as
+/// OpenAI message JSON (one or more messages, comma-separated).
+pub fn fragment(entry: &RenderedEntry, text: &str, calls: &[ToolCall], ledger: &CallLedger) -> Rendered {
     let plain = |role| json_bytes(&ChatMessage::text(role, text), text.len());
     match entry.role {
         Role::User => Rendered { json: plain("user"), complete: true, assistant: false },
         Role::System => Rendered { json: plain("system"), complete: true, assistant: false },
         Role::Assistant => {
-            let answered: Vec<OpenAiToolCall<'_>> = entry
-                .tool_calls
+            let answered: Vec<OpenAiToolCall<'_>> = calls
                 .iter()
                 .filter(|call| ledger.is_answered(entry.id, &call.call_id))
                 .map(|call| OpenAiToolCall {
@@ -28,7 +27,7 @@ pub fn fragment(entry: &RenderedEntry, ledger: &CallLedger) -> Rendered {
                     kind: "function",
                 })
                 .collect();
-            let complete = answered.len() == entry.tool_calls.len() || !ledger.is_open(entry.id);
+            let complete = answered.len() == calls.len() || !ledger.is_open(entry.id);
             let arguments_len: usize = answered.iter().map(|call| call.function.arguments.len()).sum();
             let message = ChatMessage::assistant(text, &answered);
             Rendered { json: json_bytes(&message, text.len() + arguments_len), complete, assistant: true }
@@ -65,7 +64,9 @@ pub fn body(
     while index < last_included {
         let entry = &packet.entries[index];
         if entry.included {
-            let fragment = cache.get(index, entry, |entry| fragment(entry, ledger));
+            let fragment = cache.get(index, entry, packet.source_hash(index), |entry| {
+                fragment(entry, &packet.text(index), packet.tool_calls(index), ledger)
+            });
             if !fragment.is_complete() {
                 break;
             }
@@ -90,7 +91,9 @@ pub fn body(
     assembly.write_to(&mut out);
     for (index, entry) in packet.entries.iter().enumerate().skip(assembly.upto()) {
         if entry.included {
-            let fragment = cache.get(index, entry, |entry| fragment(entry, ledger));
+            let fragment = cache.get(index, entry, packet.source_hash(index), |entry| {
+                fragment(entry, &packet.text(index), packet.tool_calls(index), ledger)
+            });
             out.put_shared(&fragment.json);
             out.put(b",");
         }
