@@ -10,8 +10,11 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use serde_json::Map;
 use strata_core::budget::OperationId;
 use strata_core::compaction::{CompactionMode, EXTRACTIVE_VERSION, ExtractiveSummarizer};
-use strata_core::entry::{Content, EntryKind, Role, ToolCall, ToolResult};
-use strata_core::journal::{AppendHandle, LockOutcome, StdStorage, Storage};
+use strata_core::entry::{Content, EntryDraft, EntryKind, RetentionClass, Role, ToolCall, ToolResult};
+use strata_core::journal::{
+    AppendHandle, BaselineEntry, CompactionProposal, LockOutcome, StdStorage, Storage, propose_compaction,
+    read_current_generation,
+};
 use strata_core::retention::Classifier;
 use strata_core::session::protocol::check_request;
 use strata_core::session::{
@@ -208,10 +211,13 @@ fn with_a_model_summariser_the_trigger_asks_the_host_and_emergencies_stay_in_pro
     );
 }
 
-/// [`StdStorage`] whose journal appends, once armed, reach the file and then fail: the process
-/// "dies" right after a record was written, before anything else happened.
-struct DiesAfterAppend {
+/// [`StdStorage`] with two faults to arm: journal appends that reach the file and then fail (the
+/// process "dies" right after a record was written, before anything else happened), and removals
+/// of compaction proposals that fail.
+#[derive(Default)]
+struct FaultyStorage {
     armed: Arc<AtomicBool>,
+    proposal_removal_fails: Arc<AtomicBool>,
 }
 
 struct DyingHandle {
@@ -233,7 +239,7 @@ impl AppendHandle for DyingHandle {
     }
 }
 
-impl Storage for DiesAfterAppend {
+impl Storage for FaultyStorage {
     fn read(&self, path: &Path) -> io::Result<Vec<u8>> {
         StdStorage.read(path)
     }
@@ -269,6 +275,10 @@ impl Storage for DiesAfterAppend {
         StdStorage.rename(from, to)
     }
     fn remove_file(&self, path: &Path) -> io::Result<()> {
+        let proposal = path.parent().and_then(Path::file_name).is_some_and(|dir| dir == "proposals");
+        if proposal && self.proposal_removal_fails.load(Ordering::SeqCst) {
+            return Err(io::Error::other("the proposal could not be removed"));
+        }
         StdStorage.remove_file(path)
     }
     fn remove_dir(&self, path: &Path) -> io::Result<()> {
@@ -374,7 +384,8 @@ fn a_transparent_turn_journaled_just_before_a_crash_is_not_journaled_again_on_re
     let dir = tempfile::tempdir().unwrap();
     let settings = SessionSettings::defaults(Api::OpenAi, 100_000);
     let armed = Arc::new(AtomicBool::new(false));
-    let storage: Arc<dyn Storage> = Arc::new(DiesAfterAppend { armed: Arc::clone(&armed) });
+    let storage: Arc<dyn Storage> =
+        Arc::new(FaultyStorage { armed: Arc::clone(&armed), ..FaultyStorage::default() });
     let u1 = user("List the files".into());
     let a1 = Turn { role: Role::Assistant, content: Content::text("a.txt and b.txt".to_owned()) };
     let u2 = user("Now read a.txt".into());
@@ -392,6 +403,47 @@ fn a_transparent_turn_journaled_just_before_a_crash_is_not_journaled_again_on_re
         engine.journal().entries().iter().map(|entry| entry.content.text.as_str()).collect();
     assert_eq!(texts, ["List the files", "a.txt and b.txt", "Now read a.txt", "hello"], "u2 once");
     assert_eq!(engine.journal().generation(), 1, "nothing to rewind");
+}
+
+/// Found in review: a refresh that committed another process's compaction and then failed to
+/// remove its proposal left Tier 2 on the old generation, so the next request would have been
+/// rendered from entries the journal no longer had.
+#[test]
+fn a_compaction_committed_by_a_refresh_that_then_failed_is_what_the_next_call_sends() {
+    let dir = tempfile::tempdir().unwrap();
+    let settings = SessionSettings::defaults(Api::OpenAi, 100_000);
+    let removal_fails = Arc::new(AtomicBool::new(false));
+    let storage: Arc<dyn Storage> = Arc::new(FaultyStorage {
+        proposal_removal_fails: Arc::clone(&removal_fails),
+        ..FaultyStorage::default()
+    });
+    let mut engine = SessionEngine::open_on(Arc::clone(&storage), dir.path(), &settings, 0).unwrap();
+    transparent_call(&mut engine, &settings, &[user("List the files".into())], "a.txt and b.txt").unwrap();
+    let snapshot = read_current_generation(storage.as_ref(), dir.path()).unwrap().snapshot();
+    let summary = EntryDraft {
+        kind: EntryKind::Summary,
+        role: Role::System,
+        content: Content::text("Summary: the files are a.txt and b.txt."),
+        retention: RetentionClass::Working,
+        created_at_ms: 9,
+        tokens: 12,
+        artifact_refs: Vec::new(),
+    };
+    let proposal = CompactionProposal {
+        generation: snapshot.generation,
+        watermark: snapshot.watermark,
+        baseline: vec![BaselineEntry::New(summary)],
+        created_at_ms: 9,
+    };
+    propose_compaction(storage.as_ref(), dir.path(), &proposal).unwrap();
+    removal_fails.store(true, Ordering::SeqCst);
+    assert!(engine.refresh(&settings, true).is_err(), "the proposal's removal failed");
+    removal_fails.store(false, Ordering::SeqCst);
+    assert_eq!(engine.journal().generation(), 2, "the switch was committed");
+    let body = engine.next_call(&settings, Map::new()).unwrap().body.to_vec();
+    let body = String::from_utf8(body).unwrap();
+    assert!(body.contains("Summary: the files are a.txt and b.txt."), "{body}");
+    assert!(!body.contains("List the files"), "{body}");
 }
 
 /// A turn remembered ahead of an append that never happened keeps no ID the journal may issue to
@@ -697,7 +749,8 @@ fn a_stateful_turn_journaled_before_a_crash_is_journaled_once_when_retried_with_
         let dir = tempfile::tempdir().unwrap();
         let settings = SessionSettings::defaults(Api::OpenAi, 100_000);
         let armed = Arc::new(AtomicBool::new(false));
-        let storage: Arc<dyn Storage> = Arc::new(DiesAfterAppend { armed: Arc::clone(&armed) });
+        let storage: Arc<dyn Storage> =
+            Arc::new(FaultyStorage { armed: Arc::clone(&armed), ..FaultyStorage::default() });
         let key = |name| keyed.then_some(name);
         {
             let mut engine = SessionEngine::open_on(Arc::clone(&storage), dir.path(), &settings, 0).unwrap();

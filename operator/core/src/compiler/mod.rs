@@ -67,7 +67,7 @@ pub struct RenderedEntry {
     /// Provider role.
     pub role: Role,
     /// The text a treatment gave the entry, with the visible ID tag (`[tool_res_9] def login(user):
-    /// … [elided]`). `None` while the entry is sent as journaled: its text is then written from
+    /// … [elided]`; the tag alone for an expired entry). `None` while the entry is sent as journaled: its text is then written from
     /// the journal entry when it is rendered ([`Packet::text`]), so the compiler does not hold a
     /// second copy of the history's text.
     pub replaced_text: Option<String>,
@@ -126,7 +126,8 @@ pub struct Packet<'a> {
     pub prefix: &'a StablePrefix,
     /// Tier 2, in journal order (check [`RenderedEntry::included`]).
     pub entries: &'a [RenderedEntry],
-    /// The journal's entries Tier 2 was rendered from, position for position.
+    /// The journal's entries Tier 2 was rendered from, position for position (an entry not at its
+    /// position is looked for by ID, in time linear in the history).
     pub journal: &'a [Entry],
     /// Tier 3: the telemetry line, after the cache boundary.
     pub telemetry: String,
@@ -366,6 +367,11 @@ impl ContextCompiler {
     /// Tokens of Tier 1 plus the included Tier-2 entries.
     pub fn context_tokens(&self) -> u64 {
         self.prefix_tokens + self.tier2.total() + self.volatile_tokens
+    }
+
+    /// The journal generation Tier 2 was last synced with.
+    pub fn generation(&self) -> u64 {
+        self.generation
     }
 
     /// Bring Tier 2 up to date with the journal's current `entries` of `generation`.

@@ -706,9 +706,14 @@ impl SessionEngine {
         }
         if force || self.last_refresh.elapsed() >= REFRESH_INTERVAL {
             self.last_refresh = Instant::now();
-            if self.journal.refresh()?.is_some() {
+            let refreshed = self.journal.refresh();
+            // A proposal's switch is committed before its file is removed, so the journal can be
+            // in a new generation even when the refresh failed after it: Tier 2 follows the
+            // journal's generation either way, or the next request would render the old one.
+            if self.compiler.generation() != self.journal.generation() {
                 self.sync_window()?;
             }
+            refreshed?;
         }
         self.validate_derived(settings, now_ms())?;
         Ok(())
