@@ -15,8 +15,8 @@ pub fn id_tag(id: EntryId) -> String {
 
 /// The text of `entry` as journaled, with its visible ID tag: `[msg_104] Find the auth errors.`.
 pub fn journaled_text(entry: &Entry) -> String {
-    let mut text = id_tag(entry.id);
-    append_journal_body(&mut text, entry);
+    let mut text = String::new();
+    write_journaled_text(entry, &mut text);
     text
 }
 
