@@ -12,7 +12,9 @@
 //! back to back. Run with
 //! `cargo bench -p strata --bench gateway`; `STRATA_BENCH_QUICK=1` runs a shorter version, and
 //! `STRATA_BENCH_SEQUENTIAL=N` sets the sequential phases' request count (longer runs for a profiler);
-//! `STRATA_BENCH_TOOL_TOKENS=N` gives every request a synthetic tool block of about N tokens.
+//! `STRATA_BENCH_TOOL_TOKENS=N` gives every request a synthetic tool block of about N tokens;
+//! `STRATA_BENCH_TAILS=1` also prints each path's p50, p90, p95, p98, p99, p99.5 and p99.9, to tell a
+//! constant offset from a tail.
 //! Each phase also prints the gateway's own account from its metrics: the mean time of its own work
 //! (`strata_gateway_added_overhead_seconds`), the bucket bound its p99 falls under, and the mean
 //! time of waiting on the upstream. The sequential phases
@@ -677,6 +679,23 @@ async fn bench() -> i32 {
                     .map_or_else(|| "over 50 ms".to_owned(), |bound| format!("{bound:.0} µs")),
                 own_after.upstream.mean_micros_since(own_before.upstream)
             );
+            if std::env::var_os("STRATA_BENCH_TAILS").is_some() {
+                let tails = |times: &[Duration]| {
+                    [0.5, 0.9, 0.95, 0.98, 0.99, 0.995, 0.999]
+                        .iter()
+                        .map(|&p| format!("{:.0}", micros(percentile(times, p))))
+                        .collect::<Vec<_>>()
+                        .join(" ")
+                };
+                println!(
+                    "  tails p50 p90 p95 p98 p99 p99.5 p99.9 | gateway {} | direct {}",
+                    tails(&phase.gateway),
+                    tails(&phase.direct)
+                );
+                for (times, label) in phase.references.iter().zip(REFERENCE_LABELS) {
+                    println!("  tails {label:.13}: {}", tails(times));
+                }
+            }
             for (times, label) in phase.references.iter().zip(REFERENCE_LABELS) {
                 let (p50, p99) = (percentile(times, 0.5), percentile(times, 0.99));
                 println!(
