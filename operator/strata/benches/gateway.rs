@@ -693,7 +693,8 @@ async fn bench() -> i32 {
                     tails(&phase.direct)
                 );
                 for (times, label) in phase.references.iter().zip(REFERENCE_LABELS) {
-                    println!("  tails {label:.13}: {}", tails(times));
+                    let name = label.split(" (").next().unwrap_or(label);
+                    println!("  tails {name}: {}", tails(times));
                 }
             }
             for (times, label) in phase.references.iter().zip(REFERENCE_LABELS) {

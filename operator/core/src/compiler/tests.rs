@@ -48,6 +48,13 @@ fn entry(number: u64, kind: EntryKind, role: Role, text: &str, counter: &TokenCo
     .into_entry(number)
 }
 
+/// A compiler with automatic breakpoints, synced with `entries` as generation 1.
+fn synced(entries: &[Entry], counter: &TokenCounter) -> ContextCompiler {
+    let mut compiler = ContextCompiler::new(prefix(counter), BreakpointPlacement::Auto);
+    compiler.sync(1, entries, counter);
+    compiler
+}
+
 fn history(counter: &TokenCounter, n: u64) -> Vec<Entry> {
     (1..=n)
         .map(|i| match i % 3 {
@@ -89,8 +96,7 @@ fn packet_has_tiers_in_order_with_visible_ids() {
 fn an_entry_text_is_found_by_its_id_when_the_journal_slice_is_not_aligned() {
     let counter = counter();
     let entries = history(&counter, 6);
-    let mut compiler = ContextCompiler::new(prefix(&counter), BreakpointPlacement::Auto);
-    compiler.sync(1, &entries, &counter);
+    let compiler = synced(&entries, &counter);
     let shifted = &entries[2..];
     let packet = compiler.compile(shifted, 128_000, BudgetPolicy::default()).unwrap();
     assert_eq!(packet.text(4), journaled_text(&entries[4]));
@@ -105,8 +111,7 @@ fn an_included_assistant_entry_sends_its_journaled_tool_calls_and_an_omitted_one
     let mut entries = history(&counter, 3);
     let call = ToolCall { call_id: "call_3".into(), name: "read_file".into(), arguments_json: "{}".into() };
     entries[1].content.tool_calls.push(call.clone());
-    let mut compiler = ContextCompiler::new(prefix(&counter), BreakpointPlacement::Auto);
-    compiler.sync(1, &entries, &counter);
+    let mut compiler = synced(&entries, &counter);
     let packet = compiler.compile(&entries, 128_000, BudgetPolicy::default()).unwrap();
     assert_eq!(packet.tool_calls(1), [call]);
     assert!(packet.tool_calls(0).is_empty() && packet.tool_calls(2).is_empty());
@@ -141,8 +146,7 @@ fn appending_renders_only_new_entries_and_matches_a_rebuild() {
 fn a_new_generation_rebuilds() {
     let counter = counter();
     let entries = history(&counter, 9);
-    let mut compiler = ContextCompiler::new(prefix(&counter), BreakpointPlacement::Auto);
-    compiler.sync(1, &entries, &counter);
+    let mut compiler = synced(&entries, &counter);
     let mut compacted =
         vec![entry(10, EntryKind::Summary, Role::User, "Summary: issues 1-9 fixed.", &counter)];
     compacted.extend_from_slice(&entries[7..]);
@@ -166,8 +170,7 @@ fn a_new_generation_rebuilds() {
 fn treatments_change_only_their_entries() {
     let counter = counter();
     let entries = history(&counter, 9);
-    let mut compiler = ContextCompiler::new(prefix(&counter), BreakpointPlacement::Auto);
-    compiler.sync(1, &entries, &counter);
+    let mut compiler = synced(&entries, &counter);
     let before = compiler.context_tokens();
     let big = entries[8].id; // tool_res_9, the largest
     let batch = BTreeMap::from([
@@ -223,8 +226,7 @@ fn walked_totals(packet: &Packet<'_>) -> Tier2Tokens {
 fn section_totals_follow_appends_treatments_and_rebuilds() {
     let counter = counter();
     let entries = history(&counter, 9);
-    let mut compiler = ContextCompiler::new(prefix(&counter), BreakpointPlacement::Auto);
-    compiler.sync(1, &entries, &counter);
+    let mut compiler = synced(&entries, &counter);
     let packet = compiler.compile(&entries, 128_000, BudgetPolicy::default()).unwrap();
     assert!(packet.tier2.tool_results > 0 && packet.tier2.history > 0);
     assert_eq!(packet.tier2, walked_totals(&packet));
@@ -272,8 +274,7 @@ fn decisions_cover_every_section_and_entry() {
 fn levels_follow_the_budget() {
     let counter = counter();
     let entries = history(&counter, 30);
-    let mut compiler = ContextCompiler::new(prefix(&counter), BreakpointPlacement::Auto);
-    compiler.sync(1, &entries, &counter);
+    let compiler = synced(&entries, &counter);
     let used = compiler.context_tokens() + render::TELEMETRY_TOKENS;
     let policy = BudgetPolicy {
         reserved_completion_tokens: 0,
@@ -292,8 +293,7 @@ fn a_lower_budget_removes_ephemeral_then_working_entries_and_never_critical() {
     let mut entries = history(&counter, 12);
     entries[0].retention = crate::entry::RetentionClass::Critical;
     entries[4].retention = crate::entry::RetentionClass::Ephemeral;
-    let mut compiler = ContextCompiler::new(prefix(&counter), BreakpointPlacement::Auto);
-    compiler.sync(1, &entries, &counter);
+    let compiler = synced(&entries, &counter);
     let policy = BudgetPolicy {
         reserved_completion_tokens: 0,
         protocol_overhead_tokens: 0,
