@@ -22,6 +22,7 @@ mod reporter;
 mod response_cache;
 mod schema_retry;
 mod server;
+mod serving_threads;
 mod sse;
 #[cfg(test)]
 mod stream_props;
@@ -55,7 +56,7 @@ pub fn metric_names() -> Result<Vec<String>, MetricsError> {
 /// Largest request body accepted by default (32 MiB).
 pub const DEFAULT_MAX_BODY_BYTES: usize = 32 * 1024 * 1024;
 
-/// Worker threads of the gateway's runtime by default (see [`GatewayArgs::worker_threads`]).
+/// Threads that serve the API by default (see [`GatewayArgs::worker_threads`]).
 pub const DEFAULT_WORKER_THREADS: u8 = 2;
 
 /// Arguments of `strata gateway`.
@@ -90,10 +91,12 @@ pub struct GatewayArgs {
     /// `credentialsSecretRef` (the operator mounts that Secret key here).
     #[arg(long, value_name = "PATH", default_value = crate::compact::SUMMARIZER_KEY_FILE)]
     pub summarizer_api_key_file: PathBuf,
-    /// Threads that serve HTTP and run the engine's calls in place (1 to 64). A fixed number, not
-    /// one per CPU of the node: a sidecar serves one agent, and every worker that runs engine work
-    /// keeps its own tokenizer cache (about 1.2 MB), so on a 64-core node the runtime's default would
-    /// let the sidecar's memory grow with the node instead of with the agent.
+    /// Threads that serve the API and run the engine's calls in place (1 to 64). Each runs a
+    /// single-threaded runtime of its own and serves the connections handed to it, so a request
+    /// never wakes a second thread. A fixed number, not one per CPU of the node: a sidecar serves
+    /// one agent, and every thread that runs engine work keeps its own tokenizer cache (about
+    /// 1.2 MB), so one per core would let the sidecar's memory grow with the node instead of with
+    /// the agent.
     #[arg(long, default_value_t = DEFAULT_WORKER_THREADS, value_parser = clap::value_parser!(u8).range(1..=64))]
     pub worker_threads: u8,
     /// Log format.
@@ -129,6 +132,9 @@ pub enum StartError {
     /// Metrics cannot be registered.
     #[error(transparent)]
     Metrics(#[from] metrics::MetricsError),
+    /// A thread that serves the API cannot be started.
+    #[error(transparent)]
+    ServingThread(#[from] serving_threads::SpawnError),
     /// A listener cannot be bound.
     #[error("binding {address}: {cause}")]
     Bind {
@@ -148,6 +154,8 @@ pub struct RunningGateway {
     pub metrics_address: SocketAddr,
     shutdown: watch::Sender<bool>,
     tasks: Vec<JoinHandle<()>>,
+    /// The threads that serve the API besides the one that started the gateway.
+    serving_threads: serving_threads::ServingThreads,
     background: Background,
     /// The engine's work on the blocking pool and beside requests ([`engine_host::EngineHost::spawn_beside`]).
     aside: TaskTracker,
@@ -161,7 +169,7 @@ impl RunningGateway {
     /// Stops accepting requests, waits for the servers and for the work requests started beside
     /// themselves (streamed answers, room for the history, a background compaction, which ends by
     /// its deadline), and releases the data directory.
-    pub async fn shutdown(self) {
+    pub async fn shutdown(mut self) {
         let _ = self.shutdown.send(true);
         let background: Vec<JoinHandle<()>> =
             std::mem::take(&mut *self.background.lock().unwrap_or_else(PoisonError::into_inner));
@@ -171,11 +179,13 @@ impl RunningGateway {
         for task in self.tasks.into_iter().chain(background) {
             let _ = task.await;
         }
+        self.serving_threads.stopped_serving().await;
         self.aside.close();
         if !self.aside.is_empty() {
             tracing::info!(tasks = self.aside.len(), "stopping: waiting for work started beside requests");
         }
         self.aside.wait().await;
+        self.serving_threads.end().await;
     }
 
     /// Resolves when a gateway that started without a usable config cannot start once the file is
@@ -206,20 +216,27 @@ async fn bind(address: SocketAddr) -> Result<TcpListener, StartError> {
 /// Serves `router` on `listener` until `stop`. Accepted connections send without Nagle's delay
 /// (`TCP_NODELAY`, which axum leaves off): a streamed answer is many small writes, and with Nagle
 /// each waits for the client's acknowledgement of the last, which a client may delay by 40 ms.
-fn serve(listener: TcpListener, router: axum::Router, mut stop: watch::Receiver<bool>) -> JoinHandle<()> {
+fn serve(listener: TcpListener, router: axum::Router, stop: watch::Receiver<bool>) -> JoinHandle<()> {
     let listener = listener.tap_io(|connection| {
         if let Err(error) = connection.set_nodelay(true) {
             tracing::debug!(%error, "cannot set TCP_NODELAY on an accepted connection");
         }
     });
-    tokio::spawn(async move {
-        let shutdown = async move {
-            let _ = stop.wait_for(|stopped| *stopped).await;
-        };
-        if let Err(error) = axum::serve(listener, router).with_graceful_shutdown(shutdown).await {
-            tracing::error!(%error, "server stopped");
-        }
-    })
+    tokio::spawn(serve_until(listener, router, stop))
+}
+
+/// Serves `router` on `listener` on the caller's runtime until `stop`, then until the connections
+/// it accepted are closed.
+async fn serve_until<L>(listener: L, router: axum::Router, mut stop: watch::Receiver<bool>)
+where
+    L: axum::serve::Listener<Addr = SocketAddr>,
+{
+    let shutdown = async move {
+        let _ = stop.wait_for(|stopped| *stopped).await;
+    };
+    if let Err(error) = axum::serve(listener, router).with_graceful_shutdown(shutdown).await {
+        tracing::error!(%error, "server stopped");
+    }
 }
 
 /// Loads the config (falling back to the last good copy on the volume, or waiting not ready for a
@@ -303,12 +320,25 @@ pub async fn start_on(
     let metrics_address = metrics_listener
         .local_addr()
         .map_err(|cause| StartError::Bind { address: args.metrics_listen, cause })?;
-    let tasks = vec![
-        serve(api, api_switch.router(), stop.clone()),
-        serve(metrics_listener, metrics_switch.router(), stop),
-    ];
-    tracing::info!(%address, %metrics_address, "strata gateway listening");
-    Ok(RunningGateway { address, metrics_address, shutdown, tasks, background, aside, failed })
+    let (mut tasks, serving_threads) = serving_threads::start(
+        api,
+        &api_switch.router(),
+        &stop,
+        usize::from(args.worker_threads),
+        blocking_threads_per_runtime(args.worker_threads),
+    )?;
+    tasks.push(serve(metrics_listener, metrics_switch.router(), stop));
+    tracing::info!(%address, %metrics_address, serving_threads = args.worker_threads, "strata gateway listening");
+    Ok(RunningGateway {
+        address,
+        metrics_address,
+        shutdown,
+        tasks,
+        serving_threads,
+        background,
+        aside,
+        failed,
+    })
 }
 
 /// Bind the journal, open the data directory and build the gateway around `settings` (the error
@@ -440,32 +470,33 @@ fn bind_journal(
     Ok(())
 }
 
-/// Threads of tokio's blocking pool (tokio's default is 512). Engine work runs there one call at a
-/// time (the engine is behind one lock) and the group commit runs one fsync at a time, so under many
-/// concurrent requests further threads only wait on the lock, each with its own stack and BPE cache:
-/// at 256 concurrent streams this bound took the gateway's RSS from 72 to 63 MiB (BENCHMARKS.md).
+/// Threads of tokio's blocking pools, all serving threads' together (tokio's default is 512 a
+/// runtime). Engine work runs there one call at a time (the engine is behind one lock) and the
+/// group commit runs one fsync at a time, so under many concurrent requests further threads only
+/// wait on the lock, each with its own stack and BPE cache: at 256 concurrent streams this bound
+/// took the gateway's RSS from 72 to 63 MiB (BENCHMARKS.md).
 const MAX_BLOCKING_THREADS: usize = 8;
+
+/// Each serving thread's share of [`MAX_BLOCKING_THREADS`], at least 2 (a slow fsync and an
+/// engine call waiting for the lock).
+fn blocking_threads_per_runtime(serving_threads: u8) -> usize {
+    (MAX_BLOCKING_THREADS / usize::from(serving_threads.max(1))).max(2)
+}
 
 /// Runs `strata gateway` until SIGINT or SIGTERM.
 pub fn run(args: &GatewayArgs) -> anyhow::Result<()> {
     crate::logging::init(args.log);
     let runtime = build_runtime(args)?;
-    let args = args.clone();
-    // The gateway starts on a worker, not on this thread: opening the engine counts tokens, and the
-    // tokenizer keeps a 1.2 MB cache per thread that counts. On a worker, the cache is the one the
-    // request path uses later; on this thread, which then only waits, it would be kept for nothing.
-    runtime.block_on(async move {
-        tokio::spawn(run_until_stopped(args))
-            .await
-            .unwrap_or_else(|join| Err(anyhow::anyhow!("the gateway's main task failed: {join}")))
-    })
+    // This thread is the first serving thread: opening the engine counts tokens here, and the
+    // tokenizer's per-thread cache (about 1.2 MB) is the one its requests use later.
+    runtime.block_on(run_until_stopped(args.clone()))
 }
 
-/// The gateway's runtime: `--worker-threads` workers and a bounded blocking pool.
+/// The first serving thread's runtime: single-threaded, with its share of the blocking pool. The
+/// other serving threads are started with the API's listener ([`serving_threads::spawn`]).
 fn build_runtime(args: &GatewayArgs) -> std::io::Result<tokio::runtime::Runtime> {
-    tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(usize::from(args.worker_threads))
-        .max_blocking_threads(MAX_BLOCKING_THREADS)
+    tokio::runtime::Builder::new_current_thread()
+        .max_blocking_threads(blocking_threads_per_runtime(args.worker_threads))
         .enable_all()
         .build()
 }
@@ -526,14 +557,19 @@ mod tests {
     }
 
     #[test]
-    fn the_worker_count_is_fixed_by_default_whatever_the_node_has() {
+    fn the_serving_thread_count_is_fixed_by_default_whatever_the_node_has() {
         let args = parse(&[]).expect("the defaults parse");
         assert_eq!(args.worker_threads, 2);
+        assert_eq!(parse(&["--worker-threads", "3"]).expect("3 parses").worker_threads, 3);
+        // The first serving thread's runtime is single-threaded; `serving_threads::start` starts
+        // the others beside it.
         let runtime = build_runtime(&args).expect("the runtime starts");
-        assert_eq!(runtime.metrics().num_workers(), 2);
-        let args = parse(&["--worker-threads", "3"]).expect("3 parses");
-        let runtime = build_runtime(&args).expect("the runtime starts");
-        assert_eq!(runtime.metrics().num_workers(), 3);
+        assert_eq!(runtime.metrics().num_workers(), 1);
+        // The blocking pool is shared out: 8 threads in all, and at least 2 a serving thread.
+        assert_eq!(blocking_threads_per_runtime(1), 8);
+        assert_eq!(blocking_threads_per_runtime(2), 4);
+        assert_eq!(blocking_threads_per_runtime(3), 2);
+        assert_eq!(blocking_threads_per_runtime(64), 2);
     }
 
     #[test]

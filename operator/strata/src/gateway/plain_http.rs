@@ -9,6 +9,10 @@
 //! read the answer to its end: a [`Lease`] travels with the response. A lease dropped before the end
 //! closes its connection, which is what hyper does with an HTTP/1 exchange left half read.
 //!
+//! Idle connections are kept by host and by serving thread (`serving_threads.rs`): a connection's
+//! task runs on the thread that opened it, and a request sent on it from another thread would wake
+//! that thread twice.
+//!
 //! `https` endpoints and endpoints behind a proxy stay on hyper-util's client: TLS may negotiate
 //! HTTP/2, whose shared connections need no such task, and a proxy changes the request's form.
 
@@ -55,11 +59,15 @@ impl Idle {
     }
 }
 
-/// The connections to plain-`http` upstreams, idle ones by host.
+/// Where idle connections are kept: the serving thread whose runtime runs the connection's task,
+/// and the host.
+type IdleKey = (usize, String);
+
+/// The connections to plain-`http` upstreams, idle ones by serving thread and host.
 pub struct PlainHttpPool {
     connector: ProxiedConnector,
     idle_timeout: Duration,
-    idle: Mutex<HashMap<String, Vec<Idle>>>,
+    idle: Mutex<HashMap<IdleKey, Vec<Idle>>>,
     sweeping: std::sync::atomic::AtomicBool,
 }
 
@@ -76,7 +84,7 @@ impl std::fmt::Debug for PlainHttpPool {
 /// to the end, closed if dropped before.
 pub struct Lease {
     pool: Weak<PlainHttpPool>,
-    host: String,
+    key: IdleKey,
     sender: SendRequest<UpstreamBody>,
 }
 
@@ -84,7 +92,7 @@ impl Lease {
     /// Puts the connection back for the next request (the answer was read to its end).
     pub fn give_back(self) {
         if let Some(pool) = self.pool.upgrade() {
-            pool.put(self.host, self.sender);
+            pool.put(self.key, self.sender);
         }
     }
 }
@@ -127,13 +135,14 @@ impl PlainHttpPool {
                 .map_err(|error| PlainHttpError::Connect(format!("the host of {destination}: {error}")))?;
             request.headers_mut().insert(header::HOST, value);
         }
-        while let Some(mut sender) = self.take(&host) {
+        let key = (super::serving_threads::current(), host);
+        while let Some(mut sender) = self.take(&key) {
             // Closed by the upstream while it was idle: nothing was sent on it.
             if sender.ready().await.is_err() {
                 continue;
             }
             match sender.try_send_request(request).await {
-                Ok(response) => return Ok((response, self.lease(host, sender))),
+                Ok(response) => return Ok((response, self.lease(key, sender))),
                 Err(mut failed) => match failed.take_message() {
                     Some(unsent) => request = unsent,
                     None => return Err(PlainHttpError::Exchange(error_chain(&failed.into_error()))),
@@ -142,13 +151,13 @@ impl PlainHttpPool {
         }
         let mut sender = self.connect(destination).await?;
         match sender.send_request(request).await {
-            Ok(response) => Ok((response, self.lease(host, sender))),
+            Ok(response) => Ok((response, self.lease(key, sender))),
             Err(error) => Err(PlainHttpError::Exchange(error_chain(&error))),
         }
     }
 
-    fn lease(self: &Arc<Self>, host: String, sender: SendRequest<UpstreamBody>) -> Lease {
-        Lease { pool: Arc::downgrade(self), host, sender }
+    fn lease(self: &Arc<Self>, key: IdleKey, sender: SendRequest<UpstreamBody>) -> Lease {
+        Lease { pool: Arc::downgrade(self), key, sender }
     }
 
     /// A new connection to `destination`'s host, its connection task running.
@@ -171,10 +180,10 @@ impl PlainHttpPool {
         Ok(sender)
     }
 
-    /// The most recently idle connection to `host` that is not past the idle timeout.
-    fn take(&self, host: &str) -> Option<SendRequest<UpstreamBody>> {
+    /// The most recently idle connection of `key` that is not past the idle timeout.
+    fn take(&self, key: &IdleKey) -> Option<SendRequest<UpstreamBody>> {
         let mut idle = self.idle.lock().unwrap_or_else(PoisonError::into_inner);
-        let kept = idle.get_mut(host)?;
+        let kept = idle.get_mut(key)?;
         while let Some(connection) = kept.pop() {
             if connection.usable(self.idle_timeout) {
                 return Some(connection.sender);
@@ -183,15 +192,15 @@ impl PlainHttpPool {
         None
     }
 
-    /// Keeps `sender` for the next request to `host`, and starts the sweep of idle connections if
+    /// Keeps `sender` for the next request of `key`, and starts the sweep of idle connections if
     /// it is not running.
-    fn put(self: Arc<Self>, host: String, sender: SendRequest<UpstreamBody>) {
+    fn put(self: Arc<Self>, key: IdleKey, sender: SendRequest<UpstreamBody>) {
         if sender.is_closed() {
             return;
         }
         {
             let mut idle = self.idle.lock().unwrap_or_else(PoisonError::into_inner);
-            let kept = idle.entry(host).or_default();
+            let kept = idle.entry(key).or_default();
             if kept.len() >= IDLE_CONNECTIONS_PER_HOST {
                 return;
             }
