@@ -161,7 +161,8 @@ async fn hand_out(
 ) {
     let stopped = stop.wait_for(|stopped| *stopped);
     tokio::pin!(stopped);
-    for share in shares.iter().cycle() {
+    let mut next = 0;
+    loop {
         let (connection, peer) = tokio::select! {
             accepted = axum::serve::Listener::accept(&mut listener) => accepted,
             _ = &mut stopped => return,
@@ -170,15 +171,26 @@ async fn hand_out(
         if let Err(error) = connection.set_nodelay(true) {
             tracing::debug!(%error, "cannot set TCP_NODELAY on an accepted connection");
         }
-        match connection.into_std() {
-            Ok(connection) => {
-                // A thread stops taking connections only once the gateway stops.
-                let _ = share.send((connection, peer));
-            }
+        let mut handed = match connection.into_std() {
+            Ok(connection) => (connection, peer),
             Err(error) => {
-                tracing::warn!(%error, %peer, "cannot hand an accepted connection to a serving thread")
+                tracing::warn!(%error, %peer, "cannot hand an accepted connection to a serving thread");
+                continue;
+            }
+        };
+        // A thread takes connections until the gateway stops; should one have ended early, its
+        // share goes to the others.
+        for attempt in 0..shares.len() {
+            let thread = (next + attempt) % shares.len();
+            match shares[thread].send(handed) {
+                Ok(()) => break,
+                Err(returned) => {
+                    tracing::error!(thread, "a serving thread has ended; the others take its connections");
+                    handed = returned.0;
+                }
             }
         }
+        next = (next + 1) % shares.len();
     }
 }
 
