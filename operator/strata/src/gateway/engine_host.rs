@@ -1,19 +1,19 @@
 //! The session engine beside the async runtime: a request's engine calls run in place on the
-//! worker, one at a time in arrival order; other engine work and slow fsyncs run on tokio's
+//! serving thread, one at a time in arrival order; other engine work and slow fsyncs run on tokio's
 //! blocking pool; appends are made durable by group commit; and an engine that panicked or whose
 //! storage failed is dropped and reloaded from the journal once a probe write succeeds, never taken
 //! over.
 //!
 //! In place: a request's engine calls (admitting its turn, compiling a call, journaling an answer)
 //! are usually short CPU work, tens to a few hundred microseconds (a memory tool's compaction in
-//! `record_answer` takes longer, while the runtime's other worker serves). Handing each to the
-//! blocking pool cost two thread wake-ups, which on a virtual machine is more than the work itself
-//! (BENCHMARKS.md, issue 20). They wait for their turn on an async queue (no thread is parked on
-//! the lock), then run on the worker that polled them. When other work holds the engine (an admin call, a sweep,
-//! a reload), the call goes to the blocking pool instead of blocking the worker. An fsync runs in
-//! place too while the volume's fsyncs are fast (a moving average under
-//! [`INLINE_FSYNC_BELOW_MICROS`]), and on the blocking pool otherwise, so a slow disk never stalls
-//! a worker for long.
+//! `record_answer` takes longer: the other serving threads serve meanwhile, while the connections
+//! of its own thread wait). Handing each to the blocking pool cost two thread wake-ups, which on a
+//! virtual machine is more than the work itself (BENCHMARKS.md, issue 20). They wait for their turn
+//! on an async queue (no thread is parked on the lock), then run on the serving thread that polled
+//! them. When other work holds the engine (an admin call, a sweep, a reload), the call goes to the
+//! blocking pool instead of blocking the serving thread. An fsync runs in place too while the
+//! volume's fsyncs are fast (a moving average under [`INLINE_FSYNC_BELOW_MICROS`]), and on the
+//! blocking pool otherwise, so a slow disk never stalls a serving thread for long.
 //!
 //! Group commit: journal appends are written under the engine lock but fsynced outside it, one
 //! fsync covering every append made before it started, so concurrent turns share an fsync and no
