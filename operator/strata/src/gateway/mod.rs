@@ -93,10 +93,10 @@ pub struct GatewayArgs {
     pub summarizer_api_key_file: PathBuf,
     /// Threads that serve the API and run the engine's calls in place (1 to 64). Each runs a
     /// single-threaded runtime of its own and serves the connections handed to it, so a request
-    /// never wakes a second thread. A fixed number, not one per CPU of the node: a sidecar serves
-    /// one agent, and every thread that runs engine work keeps its own tokenizer cache (about
-    /// 1.2 MB), so one per core would let the sidecar's memory grow with the node instead of with
-    /// the agent.
+    /// never wakes another serving thread. A fixed number, not one per CPU of the node: a sidecar
+    /// serves one agent, and every thread that runs engine work keeps its own tokenizer cache
+    /// (about 1.2 MB), so one per core would let the sidecar's memory grow with the node instead of
+    /// with the agent.
     #[arg(long, default_value_t = DEFAULT_WORKER_THREADS, value_parser = clap::value_parser!(u8).range(1..=64))]
     pub worker_threads: u8,
     /// Log format.

@@ -1,5 +1,6 @@
 //! The API served by several threads, each running a single-threaded runtime of its own: a
-//! connection is served on the thread it was handed to, so one request never wakes a second thread.
+//! connection is served on the thread it was handed to, so one request never wakes another serving
+//! thread.
 //!
 //! On one runtime with several workers, every request woke an idle worker: hyper's server wakes its
 //! own connection task while the handler reads the body, and tokio hands a task woken while it runs
