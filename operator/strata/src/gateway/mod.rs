@@ -217,12 +217,15 @@ async fn bind(address: SocketAddr) -> Result<TcpListener, StartError> {
 /// (`TCP_NODELAY`, which axum leaves off): a streamed answer is many small writes, and with Nagle
 /// each waits for the client's acknowledgement of the last, which a client may delay by 40 ms.
 fn serve(listener: TcpListener, router: axum::Router, stop: watch::Receiver<bool>) -> JoinHandle<()> {
-    let listener = listener.tap_io(|connection| {
-        if let Err(error) = connection.set_nodelay(true) {
-            tracing::debug!(%error, "cannot set TCP_NODELAY on an accepted connection");
-        }
-    });
+    let listener = listener.tap_io(|connection| send_without_delay(connection));
     tokio::spawn(serve_until(listener, router, stop))
+}
+
+/// Turns Nagle's delay off on an accepted connection (see [`serve`]); a failure only costs latency.
+fn send_without_delay(connection: &tokio::net::TcpStream) {
+    if let Err(error) = connection.set_nodelay(true) {
+        tracing::debug!(%error, "cannot set TCP_NODELAY on an accepted connection");
+    }
 }
 
 /// Serves `router` on `listener` on the caller's runtime until `stop`, then until the connections

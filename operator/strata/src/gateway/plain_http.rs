@@ -5,9 +5,10 @@
 //! every request, because the answer's body may still be streaming when the request returns. On the
 //! gateway's two-worker runtime of the time, that task woke the idle worker, and the request often
 //! finished on the other thread: about 20 µs at p50 and 80 µs at p99 per hop on loopback
-//! (BENCHMARKS.md, "The upstream connection given back by the answer"). Here the connection goes back when its caller has
-//! read the answer to its end: a [`Lease`] travels with the response. A lease dropped before the end
-//! closes its connection, which is what hyper does with an HTTP/1 exchange left half read.
+//! (BENCHMARKS.md, "The upstream connection given back by the answer"). Here the connection goes
+//! back when its caller has read the answer to its end: a [`Lease`] travels with the response. A
+//! lease dropped before the end closes its connection, which is what hyper does with an HTTP/1
+//! exchange left half read.
 //!
 //! Idle connections are kept by host and by serving thread (`serving_threads.rs`): a connection's
 //! task runs on the thread that opened it, and a request sent on it from another thread would wake

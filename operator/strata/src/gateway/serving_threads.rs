@@ -168,10 +168,7 @@ async fn hand_out(
             accepted = axum::serve::Listener::accept(&mut listener) => accepted,
             _ = &mut stopped => return,
         };
-        // A streamed answer is many small writes; see `super::serve`.
-        if let Err(error) = connection.set_nodelay(true) {
-            tracing::debug!(%error, "cannot set TCP_NODELAY on an accepted connection");
-        }
+        super::send_without_delay(&connection);
         let mut handed = match connection.into_std() {
             Ok(connection) => (connection, peer),
             Err(error) => {
