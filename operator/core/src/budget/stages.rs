@@ -43,6 +43,16 @@ pub enum Stage {
 }
 
 impl Stage {
+    /// Every stage, in declaration (allocation) order: `Stage::ALL[stage as usize] == stage`.
+    pub const ALL: [Stage; 6] = [
+        Stage::OutputReserve,
+        Stage::System,
+        Stage::Tools,
+        Stage::Memory,
+        Stage::ToolResults,
+        Stage::History,
+    ];
+
     /// Label value for metrics.
     pub fn label(self) -> &'static str {
         match self {
@@ -174,6 +184,13 @@ pub fn clamp_max_tokens(params: &mut Map<String, Value>, reserve: u64) -> Option
 mod tests {
     #![allow(clippy::unwrap_used)]
     use super::*;
+
+    #[test]
+    fn all_lists_every_stage_at_its_own_index() {
+        for (index, stage) in Stage::ALL.into_iter().enumerate() {
+            assert_eq!(stage as usize, index, "{stage:?}");
+        }
+    }
 
     #[test]
     fn sections_are_allocated_in_order_after_the_reserve() {

@@ -167,6 +167,16 @@ pub enum ChurnCause {
 }
 
 impl ChurnCause {
+    /// Every cause, in declaration order: `ChurnCause::ALL[cause as usize] == cause`.
+    pub const ALL: [ChurnCause; 6] = [
+        ChurnCause::None,
+        ChurnCause::Cold,
+        ChurnCause::System,
+        ChurnCause::Tools,
+        ChurnCause::Constants,
+        ChurnCause::HistoryRewrite,
+    ];
+
     /// Label value for metrics.
     pub fn label(self) -> &'static str {
         match self {
@@ -2176,4 +2186,16 @@ fn prompt_blocks(packet: &Packet<'_>, counter: &TokenCounter) -> Vec<Block> {
         breakpoint: false,
     });
     blocks
+}
+
+#[cfg(test)]
+mod churn_cause_tests {
+    use super::ChurnCause;
+
+    #[test]
+    fn all_lists_every_cause_at_its_own_index() {
+        for (index, cause) in ChurnCause::ALL.into_iter().enumerate() {
+            assert_eq!(cause as usize, index, "{cause:?}");
+        }
+    }
 }

@@ -3,13 +3,15 @@
 //! Stateful gateway moves with none of its work, and pass the answer back as it arrives. Both send
 //! as the gateway sends to a plain-`http` upstream (`gateway/plain_http.rs`): hyper's HTTP/1
 //! connection, kept open and used again once the answer was read, `TCP_NODELAY`, no task spawned
-//! per request. Both run two runtime workers, like the gateway:
+//! per request. Both run on one single-threaded runtime, as each of the gateway's serving threads
+//! does (a connection stays on its serving thread):
 //! - the two-hop limit ([`ARG`]): behind the gateway's server, axum with `TCP_NODELAY`;
 //! - the floor ([`FLOOR_ARG`]): behind hyper's own HTTP/1 server, the library under axum.
 //!
 //! Until the gateway's upstream client moved from reqwest to hyper-util, the limit sent with
 //! reqwest, as the gateway then did (BENCHMARKS.md, "The floor"); until the gateway kept its own
-//! plain-`http` connections, both sent with hyper-util's pooled client.
+//! plain-`http` connections, both sent with hyper-util's pooled client. Until the gateway's serving
+//! threads, both ran a runtime of two workers, as the gateway then did.
 
 use std::io::{BufRead, Write};
 use std::net::SocketAddr;
@@ -122,9 +124,11 @@ fn exit_with_parent() {
     });
 }
 
-/// A runtime like the gateway's: two workers.
+/// A runtime like the one a gateway's connection is served on: a single-threaded runtime (the
+/// gateway's serving threads each run one, and a connection stays on its thread). The reference
+/// paths are timed in the sequential phases only, one connection each.
 fn runtime() -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap()
+    tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap()
 }
 
 /// A loopback listener with the gateway's backlog; its address is printed for the parent.

@@ -167,7 +167,7 @@ pub fn parse_usage(usage: &Value) -> Option<Usage> {
     let cached = field("cache_read_input_tokens");
     let written = field("cache_creation_input_tokens");
     Some(Usage {
-        prompt_tokens: input + cached + written,
+        prompt_tokens: input.saturating_add(cached).saturating_add(written),
         cached_tokens: cached,
         cache_write_tokens: written,
         completion_tokens: field("output_tokens"),
@@ -234,9 +234,7 @@ pub fn client_response(final_output: &AssistantOutput, earlier_texts: &[String],
 /// `tool_use` only if it calls a tool (it would be made `end_turn` otherwise).
 pub fn answer_passes_as_sent(final_output: &AssistantOutput) -> bool {
     !final_output.tool_calls.iter().any(|call| is_memory_tool(&call.name))
-        && (final_output.raw.as_ref().and_then(|raw| raw.get("stop_reason")).and_then(Value::as_str)
-            != Some("tool_use")
-            || !final_output.tool_calls.is_empty())
+        && (final_output.stop_reason != "tool_use" || !final_output.tool_calls.is_empty())
 }
 
 /// Translates upstream events of every round into one client stream.

@@ -1,5 +1,8 @@
 //! Prometheus metrics of the gateway, served on the metrics listener.
 
+use strata_core::budget::Stage;
+use strata_core::session::ChurnCause;
+
 use prometheus::{
     Encoder, Gauge, Histogram, HistogramOpts, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts,
     Registry, TextEncoder,
@@ -36,9 +39,6 @@ pub struct Metrics {
     pub completion_tokens: IntCounter,
     /// Stable-prefix churn by cause.
     pub churn: IntCounterVec,
-    /// Upstream calls whose prompt the provider served partly from its prefix cache (`hit`: cached
-    /// tokens reported) or not at all (`miss`).
-    pub prefix_cache_requests: IntCounterVec,
     /// Source material over injected context at the last call (spec §17.20 compression ratio).
     pub compression_ratio: Gauge,
     /// Compactions concluded, by outcome (committed, preservation_failed, nothing_to_compact,
@@ -48,9 +48,6 @@ pub struct Metrics {
     pub compaction_tokens: IntCounterVec,
     /// Transparent-session journal rewinds (the client's history diverged), by cause.
     pub transparent_rewinds: IntCounterVec,
-    /// Messages of transparent requests, by how they were read: `reused` from the last request's
-    /// memo (byte-identical) or `parsed`.
-    pub transparent_messages: IntCounterVec,
     /// Requests whose system prompt carried volatile material moved below the cache boundary, by kind.
     pub volatile_system: IntCounterVec,
     /// Bytes of tool output spilled to the artifact store.
@@ -103,12 +100,6 @@ pub struct Metrics {
     pub added_overhead: Histogram,
     /// Time spent waiting for the upstream, seconds.
     pub upstream_duration: Histogram,
-    /// Client tools at the last call, by form (full, summarised).
-    pub tool_schemas: IntGaugeVec,
-    /// Tokens of the client's tool schemas at the last call, as sent and in full.
-    pub tool_schema_tokens: IntGaugeVec,
-    /// Full schemas loaded on demand, by trigger.
-    pub tool_schemas_loaded: IntCounterVec,
     /// Upstream calls repeated after the model called a tool it saw only summarised.
     pub tool_schema_retries: IntCounter,
     /// Times the engine's history lists were grown ahead of need, beside a request.
@@ -121,6 +112,78 @@ pub struct Metrics {
     pub max_tokens_clamped: IntCounter,
     /// Each prompt section's tokens at the last call, used and allocated.
     pub stage_tokens: IntGaugeVec,
+    /// The labelled series every request updates, looked up once.
+    pub per_request: RequestSeries,
+}
+
+/// The labelled series every request updates, looked up once at start-up: a lookup by label values
+/// hashes them and takes the family's lock, and a request would make about two dozen. Each series
+/// is therefore exported from the start, at zero until it counts something.
+#[derive(Debug, Clone)]
+pub struct RequestSeries {
+    /// `prompt_tokens{kind}`: fresh, cached, cache_write.
+    pub prompt_fresh: IntCounter,
+    pub prompt_cached: IntCounter,
+    pub prompt_cache_write: IntCounter,
+    /// `prefix_cache_requests{outcome}`: hit, miss.
+    pub prefix_hit: IntCounter,
+    pub prefix_miss: IntCounter,
+    /// `transparent_messages{how}`: reused, parsed.
+    pub messages_reused: IntCounter,
+    pub messages_parsed: IntCounter,
+    /// `upstream_calls{outcome="ok"}`.
+    pub upstream_ok: IntCounter,
+    /// `tool_schemas{form}`: full, summarised.
+    pub tool_schemas_full: IntGauge,
+    pub tool_schemas_summarised: IntGauge,
+    /// `tool_schema_tokens{kind}`: sent, full.
+    pub tool_tokens_sent: IntGauge,
+    pub tool_tokens_full: IntGauge,
+    /// `tool_schemas_loaded{trigger}`: summarised_call, load_tool.
+    pub loaded_by_summarised_call: IntCounter,
+    pub loaded_by_load_tool: IntCounter,
+    /// `churn{cause}`, in the order of [`ChurnCause::ALL`].
+    churn: [IntCounter; ChurnCause::ALL.len()],
+    /// `stage_tokens{stage, kind}`: used and allocated, in the order of [`Stage::ALL`].
+    stages: [(IntGauge, IntGauge); Stage::ALL.len()],
+}
+
+impl RequestSeries {
+    #[allow(clippy::too_many_arguments)]
+    fn resolve(
+        prompt_tokens: &IntCounterVec,
+        churn: &IntCounterVec,
+        prefix_cache_requests: &IntCounterVec,
+        transparent_messages: &IntCounterVec,
+        upstream_calls: &IntCounterVec,
+        [tool_schemas, tool_schema_tokens]: [&IntGaugeVec; 2],
+        tool_schemas_loaded: &IntCounterVec,
+        stage_tokens: &IntGaugeVec,
+    ) -> Self {
+        Self {
+            prompt_fresh: prompt_tokens.with_label_values(&["fresh"]),
+            prompt_cached: prompt_tokens.with_label_values(&["cached"]),
+            prompt_cache_write: prompt_tokens.with_label_values(&["cache_write"]),
+            prefix_hit: prefix_cache_requests.with_label_values(&["hit"]),
+            prefix_miss: prefix_cache_requests.with_label_values(&["miss"]),
+            messages_reused: transparent_messages.with_label_values(&["reused"]),
+            messages_parsed: transparent_messages.with_label_values(&["parsed"]),
+            upstream_ok: upstream_calls.with_label_values(&["ok"]),
+            tool_schemas_full: tool_schemas.with_label_values(&["full"]),
+            tool_schemas_summarised: tool_schemas.with_label_values(&["summarised"]),
+            tool_tokens_sent: tool_schema_tokens.with_label_values(&["sent"]),
+            tool_tokens_full: tool_schema_tokens.with_label_values(&["full"]),
+            loaded_by_summarised_call: tool_schemas_loaded.with_label_values(&["summarised_call"]),
+            loaded_by_load_tool: tool_schemas_loaded.with_label_values(&["load_tool"]),
+            churn: ChurnCause::ALL.map(|cause| churn.with_label_values(&[cause.label()])),
+            stages: Stage::ALL.map(|stage| {
+                (
+                    stage_tokens.with_label_values(&[stage.label(), "used"]),
+                    stage_tokens.with_label_values(&[stage.label(), "allocated"]),
+                )
+            }),
+        }
+    }
 }
 
 fn gauge_vec(
@@ -194,6 +257,70 @@ impl Metrics {
         let overhead_buckets =
             vec![25e-6, 50e-6, 100e-6, 150e-6, 250e-6, 500e-6, 1e-3, 2.5e-3, 5e-3, 10e-3, 50e-3];
         let upstream_buckets = vec![1e-3, 10e-3, 100e-3, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0];
+        let prompt_tokens = counter_vec(
+            &registry,
+            "strata_gateway_prompt_tokens_total",
+            "Prompt tokens reported by the provider, by kind",
+            &["kind"],
+        )?;
+        let churn = counter_vec(
+            &registry,
+            "strata_gateway_prefix_churn_total",
+            "Requests whose cached prefix changed, by cause",
+            &["cause"],
+        )?;
+        let prefix_cache_requests = counter_vec(
+            &registry,
+            "strata_gateway_prefix_cache_requests_total",
+            "Upstream calls by prefix-cache outcome as the provider's usage reports it: hit (some prompt tokens were cached) or miss (none were)",
+            &["outcome"],
+        )?;
+        let transparent_messages = counter_vec(
+            &registry,
+            "strata_gateway_transparent_messages_total",
+            "Messages of transparent requests: reused (byte-identical to the last request's, not parsed or hashed again) or parsed",
+            &["read"],
+        )?;
+        let upstream_calls = counter_vec(
+            &registry,
+            "strata_gateway_upstream_calls_total",
+            "Upstream calls by outcome",
+            &["outcome"],
+        )?;
+        let tool_schemas = gauge_vec(
+            &registry,
+            "strata_gateway_tool_schemas",
+            "Client tools at the last upstream call, by form: full (whole schema) or summarised (name and one line, lazy schemas)",
+            &["form"],
+        )?;
+        let tool_schema_tokens = gauge_vec(
+            &registry,
+            "strata_gateway_tool_schema_tokens",
+            "Tokens of the client's tool schemas at the last upstream call: sent (summaries included) and full (had every schema been sent)",
+            &["kind"],
+        )?;
+        let tool_schemas_loaded = counter_vec(
+            &registry,
+            "strata_gateway_tool_schemas_loaded_total",
+            "Full tool schemas delivered on demand in the history (the tool block is left alone), by trigger: load_tool (the model called strata_load_tools) or summarised_call (the model called a summarised tool; the call was retried)",
+            &["trigger"],
+        )?;
+        let stage_tokens = gauge_vec(
+            &registry,
+            "strata_gateway_stage_tokens",
+            "Each prompt section's tokens at the last upstream call (output_reserve, system, tools, memory, tool_results, history): used, and allocated by the stage budgets",
+            &["stage", "kind"],
+        )?;
+        let per_request = RequestSeries::resolve(
+            &prompt_tokens,
+            &churn,
+            &prefix_cache_requests,
+            &transparent_messages,
+            &upstream_calls,
+            [&tool_schemas, &tool_schema_tokens],
+            &tool_schemas_loaded,
+            &stage_tokens,
+        );
         Ok(Self {
             context_tokens: gauge(
                 &registry,
@@ -210,29 +337,13 @@ impl Metrics {
                 "strata_gateway_context_level",
                 "Budget level: 0 Normal, 1 Warning, 2 HighRisk, 3 Critical",
             )?,
-            prompt_tokens: counter_vec(
-                &registry,
-                "strata_gateway_prompt_tokens_total",
-                "Prompt tokens reported by the provider, by kind",
-                &["kind"],
-            )?,
+            prompt_tokens,
             completion_tokens: counter(
                 &registry,
                 "strata_gateway_completion_tokens_total",
                 "Completion tokens reported by the provider",
             )?,
-            churn: counter_vec(
-                &registry,
-                "strata_gateway_prefix_churn_total",
-                "Requests whose cached prefix changed, by cause",
-                &["cause"],
-            )?,
-            prefix_cache_requests: counter_vec(
-                &registry,
-                "strata_gateway_prefix_cache_requests_total",
-                "Upstream calls by prefix-cache outcome as the provider's usage reports it: hit (some prompt tokens were cached) or miss (none were)",
-                &["outcome"],
-            )?,
+            churn,
             compression_ratio: float_gauge(
                 &registry,
                 "strata_gateway_context_compression_ratio",
@@ -255,12 +366,6 @@ impl Metrics {
                 "strata_gateway_transparent_rewinds_total",
                 "Journal rewinds because a transparent client's history diverged (retry, edit, new_conversation)",
                 &["cause"],
-            )?,
-            transparent_messages: counter_vec(
-                &registry,
-                "strata_gateway_transparent_messages_total",
-                "Messages of transparent requests: reused (byte-identical to the last request's, not parsed or hashed again) or parsed",
-                &["read"],
             )?,
             volatile_system: counter_vec(
                 &registry,
@@ -311,12 +416,7 @@ impl Metrics {
                 "strata_gateway_response_cache_hits_total",
                 "Requests answered from the response cache",
             )?,
-            upstream_calls: counter_vec(
-                &registry,
-                "strata_gateway_upstream_calls_total",
-                "Upstream calls by outcome",
-                &["outcome"],
-            )?,
+            upstream_calls,
             held_request_bytes: gauge(
                 &registry,
                 "strata_gateway_held_request_bytes",
@@ -392,24 +492,6 @@ impl Metrics {
                 "Time waiting for the upstream",
                 upstream_buckets,
             )?,
-            tool_schemas: gauge_vec(
-                &registry,
-                "strata_gateway_tool_schemas",
-                "Client tools at the last upstream call, by form: full (whole schema) or summarised (name and one line, lazy schemas)",
-                &["form"],
-            )?,
-            tool_schema_tokens: gauge_vec(
-                &registry,
-                "strata_gateway_tool_schema_tokens",
-                "Tokens of the client's tool schemas at the last upstream call: sent (summaries included) and full (had every schema been sent)",
-                &["kind"],
-            )?,
-            tool_schemas_loaded: counter_vec(
-                &registry,
-                "strata_gateway_tool_schemas_loaded_total",
-                "Full tool schemas delivered on demand in the history (the tool block is left alone), by trigger: load_tool (the model called strata_load_tools) or summarised_call (the model called a summarised tool; the call was retried)",
-                &["trigger"],
-            )?,
             tool_schema_retries: counter(
                 &registry,
                 "strata_gateway_tool_schema_retries_total",
@@ -437,15 +519,33 @@ impl Metrics {
                 "strata_gateway_max_tokens_clamped_total",
                 "Requests whose max_tokens was above budget.reservedCompletionTokens and was lowered to it",
             )?,
-            stage_tokens: gauge_vec(
-                &registry,
-                "strata_gateway_stage_tokens",
-                "Each prompt section's tokens at the last upstream call (output_reserve, system, tools, memory, tool_results, history): used, and allocated by the stage budgets",
-                &["stage", "kind"],
-            )?,
+            stage_tokens,
+            per_request,
             names: registry.names.into_inner(),
             registry: registry.registry,
         })
+    }
+
+    /// Counts a call's prefix churn by its cause.
+    pub fn count_churn(&self, cause: ChurnCause) {
+        match self.per_request.churn.get(cause as usize) {
+            Some(series) => series.inc(),
+            None => self.churn.with_label_values(&[cause.label()]).inc(),
+        }
+    }
+
+    /// Sets a prompt section's gauges: its tokens used and allocated at the last call.
+    pub fn set_stage_tokens(&self, stage: Stage, used: i64, allocated: i64) {
+        match self.per_request.stages.get(stage as usize) {
+            Some((used_series, allocated_series)) => {
+                used_series.set(used);
+                allocated_series.set(allocated);
+            }
+            None => {
+                self.stage_tokens.with_label_values(&[stage.label(), "used"]).set(used);
+                self.stage_tokens.with_label_values(&[stage.label(), "allocated"]).set(allocated);
+            }
+        }
     }
 
     /// The name of every metric family registered (for checks that alerts and dashboards query
@@ -461,5 +561,58 @@ impl Metrics {
             tracing::error!(%error, "encoding metrics");
         }
         out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    #[test]
+    fn the_series_looked_up_once_are_the_labelled_series_they_stand_for() {
+        let metrics = Metrics::new().unwrap();
+        let series = &metrics.per_request;
+        series.prompt_cache_write.inc_by(3);
+        series.prefix_miss.inc();
+        series.messages_parsed.inc_by(2);
+        series.loaded_by_load_tool.inc();
+        series.tool_tokens_sent.set(40);
+        assert_eq!(metrics.prompt_tokens.with_label_values(&["cache_write"]).get(), 3);
+        assert_eq!(metrics.prompt_tokens.with_label_values(&["fresh"]).get(), 0);
+        let text = String::from_utf8(metrics.render()).unwrap();
+        for sample in [
+            "strata_gateway_prefix_cache_requests_total{outcome=\"miss\"} 1",
+            "strata_gateway_prefix_cache_requests_total{outcome=\"hit\"} 0",
+            "strata_gateway_transparent_messages_total{read=\"parsed\"} 2",
+            "strata_gateway_tool_schemas_loaded_total{trigger=\"load_tool\"} 1",
+            "strata_gateway_tool_schema_tokens{kind=\"sent\"} 40",
+            "strata_gateway_tool_schemas{form=\"full\"} 0",
+        ] {
+            assert!(text.contains(sample), "{sample} in {text}");
+        }
+        for (step, cause) in ChurnCause::ALL.into_iter().enumerate() {
+            for _ in 0..=step {
+                metrics.count_churn(cause);
+            }
+        }
+        for (step, stage) in Stage::ALL.into_iter().enumerate() {
+            let step = i64::try_from(step).unwrap();
+            metrics.set_stage_tokens(stage, step, 100 + step);
+        }
+        for (step, cause) in ChurnCause::ALL.into_iter().enumerate() {
+            assert_eq!(metrics.churn.with_label_values(&[cause.label()]).get(), step as u64 + 1, "{cause:?}");
+        }
+        for (step, stage) in Stage::ALL.into_iter().enumerate() {
+            let step = i64::try_from(step).unwrap();
+            assert_eq!(metrics.stage_tokens.with_label_values(&[stage.label(), "used"]).get(), step);
+            assert_eq!(
+                metrics.stage_tokens.with_label_values(&[stage.label(), "allocated"]).get(),
+                100 + step
+            );
+        }
+        let text = String::from_utf8(metrics.render()).unwrap();
+        assert!(text.contains("strata_gateway_prefix_churn_total{cause=\"history_rewrite\"} 6"), "{text}");
+        assert!(text.contains("strata_gateway_upstream_calls_total{outcome=\"ok\"} 0"), "{text}");
     }
 }

@@ -2,6 +2,7 @@
 //! journals every turn, compiles a cache-stable prompt, enforces the context budget and gives the
 //! model its memory tools.
 
+mod answer_wire;
 mod anthropic;
 mod body_buffer;
 mod compactor;

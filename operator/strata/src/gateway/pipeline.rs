@@ -34,6 +34,7 @@ use strata_core::session::{
 };
 use tokio::sync::mpsc;
 
+use super::answer_wire;
 use super::config::{LiveSettings, Settings};
 use super::engine_host::{EngineHost, PendingWrites, Placement};
 use super::errors::GatewayError;
@@ -292,9 +293,9 @@ async fn prepare(
         (request, recollection, reused_messages) = (whole.request, whole.recollection, 0);
     };
     if transparent {
-        let read = &gateway.metrics.transparent_messages;
-        read.with_label_values(&["reused"]).inc_by(reused_messages as u64);
-        read.with_label_values(&["parsed"]).inc_by((messages - reused_messages) as u64);
+        let read = &gateway.metrics.per_request;
+        read.messages_reused.inc_by(reused_messages as u64);
+        read.messages_parsed.inc_by((messages - reused_messages) as u64);
     }
     let admitted = match outcome {
         TurnOutcome::Admitted(admitted) => admitted,
@@ -384,7 +385,7 @@ async fn plan(gateway: &Gateway, prepared: &mut Prepared) -> Result<UpstreamCall
             gateway.with_engine_in_place(move |engine| engine.next_call(&settings.session, head)).await?
         }
     };
-    gateway.metrics.churn.with_label_values(&[call.churn.label()]).inc();
+    gateway.metrics.count_churn(call.churn);
     gateway.metrics.context_tokens.set(i64::try_from(call.status.tokens).unwrap_or(i64::MAX));
     gateway.metrics.context_limit.set(i64::try_from(call.status.limit).unwrap_or(i64::MAX));
     gateway.metrics.context_level.set(level_value(call.status.level));
@@ -403,16 +404,13 @@ async fn plan(gateway: &Gateway, prepared: &mut Prepared) -> Result<UpstreamCall
 /// The tool block's and the stages' gauges at one call.
 fn record_call_shape(metrics: &Metrics, call: &UpstreamCall) {
     let gauge = |value: u64| i64::try_from(value).unwrap_or(i64::MAX);
-    metrics.tool_schemas.with_label_values(&["full"]).set(gauge(call.tools.full));
-    metrics.tool_schemas.with_label_values(&["summarised"]).set(gauge(call.tools.summarised));
-    metrics.tool_schema_tokens.with_label_values(&["sent"]).set(gauge(call.tools.sent_tokens));
-    metrics.tool_schema_tokens.with_label_values(&["full"]).set(gauge(call.tools.full_tokens));
+    let series = &metrics.per_request;
+    series.tool_schemas_full.set(gauge(call.tools.full));
+    series.tool_schemas_summarised.set(gauge(call.tools.summarised));
+    series.tool_tokens_sent.set(gauge(call.tools.sent_tokens));
+    series.tool_tokens_full.set(gauge(call.tools.full_tokens));
     for stage in &call.stages {
-        metrics.stage_tokens.with_label_values(&[stage.stage.label(), "used"]).set(gauge(stage.used));
-        metrics
-            .stage_tokens
-            .with_label_values(&[stage.stage.label(), "allocated"])
-            .set(gauge(stage.allocated));
+        metrics.set_stage_tokens(stage.stage, gauge(stage.used), gauge(stage.allocated));
     }
 }
 
@@ -441,8 +439,8 @@ async fn load_summarised(
     }
     let metrics = &gateway.metrics;
     metrics.tool_schema_retries.inc();
-    metrics.tool_schemas_loaded.with_label_values(&["summarised_call"]).inc_by(loaded.len() as u64);
-    metrics.upstream_calls.with_label_values(&["ok"]).inc();
+    metrics.per_request.loaded_by_summarised_call.inc_by(loaded.len() as u64);
+    metrics.per_request.upstream_ok.inc();
     metrics.upstream_duration.observe(upstream_time.as_secs_f64());
     if let Some(usage) = &output.usage {
         total.add(usage);
@@ -519,18 +517,19 @@ async fn record_round(
     metrics.compactions.inc_by(effects.compactions);
     if let Some(usage) = &output.usage {
         total.add(usage);
-        metrics.prompt_tokens.with_label_values(&["fresh"]).inc_by(usage.fresh_tokens());
-        metrics.prompt_tokens.with_label_values(&["cached"]).inc_by(usage.cached_tokens);
-        metrics.prompt_tokens.with_label_values(&["cache_write"]).inc_by(usage.cache_write_tokens);
-        let outcome = if usage.cached_tokens > 0 { "hit" } else { "miss" };
-        metrics.prefix_cache_requests.with_label_values(&[outcome]).inc();
+        let series = &metrics.per_request;
+        series.prompt_fresh.inc_by(usage.fresh_tokens());
+        series.prompt_cached.inc_by(usage.cached_tokens);
+        series.prompt_cache_write.inc_by(usage.cache_write_tokens);
+        let outcome = if usage.cached_tokens > 0 { &series.prefix_hit } else { &series.prefix_miss };
+        outcome.inc();
         metrics.completion_tokens.inc_by(usage.completion_tokens);
     }
-    metrics.upstream_calls.with_label_values(&["ok"]).inc();
+    metrics.per_request.upstream_ok.inc();
     metrics.upstream_duration.observe(upstream_time.as_secs_f64());
     let mut events = std::mem::take(&mut prepared.admission_events);
     events.extend(effects.events());
-    metrics.tool_schemas_loaded.with_label_values(&["load_tool"]).inc_by(effects.tools_loaded);
+    metrics.per_request.loaded_by_load_tool.inc_by(effects.tools_loaded);
     prepared.record.rounds.push(RoundRecord {
         memory_calls: effects.memory_calls,
         events,
@@ -553,12 +552,6 @@ fn finish_record(gateway: &Gateway, mut prepared: Prepared, outcome: &str) {
     gateway.inspect.push(prepared.record);
 }
 
-fn parse_answer(adapter: &dyn ProviderAdapter, bytes: &[u8]) -> Result<AssistantOutput, GatewayError> {
-    let value: Value = serde_json::from_slice(bytes)
-        .map_err(|error| GatewayError::UpstreamProtocol(format!("answer is not JSON: {error}")))?;
-    adapter.parse_answer(value)
-}
-
 async fn complete(
     gateway: &Gateway,
     mut prepared: Prepared,
@@ -578,7 +571,7 @@ async fn complete(
             response.inspect_err(|_| gateway.metrics.upstream_calls.with_label_values(&["error"]).inc())?;
         let bytes = gateway.upstream.read_body(&mut response).await?;
         let upstream_time = upstream_started.elapsed();
-        let output = parse_answer(adapter, &bytes)?;
+        let output = adapter.read_answer(&bytes)?;
         let call = if retried {
             call
         } else {
@@ -604,6 +597,7 @@ async fn complete(
         let body = if as_sent {
             bytes
         } else {
+            let output = answer_wire::with_raw(output, &bytes)?;
             Bytes::from(adapter.client_response(&output, earlier, &total).to_string())
         };
         if let Some(key) = prepared.cache_key

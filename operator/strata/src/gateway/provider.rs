@@ -12,7 +12,7 @@ use strata_core::session::{Api, AssistantOutput, ChatRequest, Usage};
 
 use super::errors::GatewayError;
 use super::sse::SseEvent;
-use super::{anthropic, openai};
+use super::{answer_wire, anthropic, openai};
 
 /// The Anthropic API version sent when the client names none.
 pub const DEFAULT_ANTHROPIC_VERSION: &str = "2023-06-01";
@@ -51,6 +51,12 @@ impl ParsedRequest {
     }
 }
 
+/// An upstream answer's JSON tree; an answer that is not JSON is the upstream's protocol error.
+fn answer_tree(bytes: &[u8]) -> Result<Value, GatewayError> {
+    serde_json::from_slice(bytes)
+        .map_err(|error| GatewayError::UpstreamProtocol(format!("answer is not JSON: {error}")))
+}
+
 /// One provider API as the gateway speaks it, to clients and to the upstream.
 pub trait ProviderAdapter: Sync {
     /// The API, as the session engine knows it.
@@ -73,6 +79,9 @@ pub trait ProviderAdapter: Sync {
     ) -> Result<ParsedRequest, GatewayError>;
     /// A complete (non-streaming) upstream answer, parsed.
     fn parse_answer(&self, value: Value) -> Result<AssistantOutput, GatewayError>;
+    /// A complete upstream answer from its bytes: read into its fields when it has the usual
+    /// shape (without the `raw` tree, see [`super::answer_wire`]), parsed whole otherwise.
+    fn read_answer(&self, bytes: &[u8]) -> Result<AssistantOutput, GatewayError>;
     /// Whether the answer stopped at its output-token limit.
     fn stopped_at_limit(&self, output: &AssistantOutput) -> bool;
     /// The texts of a request's rounds as one assistant text, the way the client sees them.
@@ -183,6 +192,13 @@ impl ProviderAdapter for OpenAiAdapter {
         openai::parse_response(value)
     }
 
+    fn read_answer(&self, bytes: &[u8]) -> Result<AssistantOutput, GatewayError> {
+        match answer_wire::openai_answer(bytes) {
+            Some(output) => Ok(output),
+            None => self.parse_answer(answer_tree(bytes)?),
+        }
+    }
+
     fn stopped_at_limit(&self, output: &AssistantOutput) -> bool {
         output.stop_reason == "length"
     }
@@ -279,6 +295,13 @@ impl ProviderAdapter for AnthropicAdapter {
 
     fn parse_answer(&self, value: Value) -> Result<AssistantOutput, GatewayError> {
         anthropic::parse_response(value)
+    }
+
+    fn read_answer(&self, bytes: &[u8]) -> Result<AssistantOutput, GatewayError> {
+        match answer_wire::anthropic_answer(bytes) {
+            Some(output) => Ok(output),
+            None => self.parse_answer(answer_tree(bytes)?),
+        }
     }
 
     fn stopped_at_limit(&self, output: &AssistantOutput) -> bool {
