@@ -67,6 +67,15 @@ impl EntryId {
     pub fn number(&self) -> u64 {
         self.number
     }
+
+    /// Appends the ID's text, `msg_12`, to `out`. Every request renders and journals IDs, so the
+    /// number is written by `itoa` rather than through the formatting machinery.
+    pub fn push_to(&self, out: &mut String) {
+        let mut digits = itoa::Buffer::new();
+        out.push_str(self.kind.prefix());
+        out.push('_');
+        out.push_str(digits.format(self.number));
+    }
 }
 
 /// IDs order by their counter value: the order in which they were allocated.
@@ -84,7 +93,10 @@ impl PartialOrd for EntryId {
 
 impl fmt::Display for EntryId {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}_{}", self.kind.prefix(), self.number)
+        let mut digits = itoa::Buffer::new();
+        f.write_str(self.kind.prefix())?;
+        f.write_str("_")?;
+        f.write_str(digits.format(self.number))
     }
 }
 
@@ -118,7 +130,9 @@ impl FromStr for EntryId {
 
 impl Serialize for EntryId {
     fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
-        serializer.collect_str(self)
+        let mut text = String::with_capacity(32);
+        self.push_to(&mut text);
+        serializer.serialize_str(&text)
     }
 }
 

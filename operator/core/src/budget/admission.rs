@@ -32,7 +32,10 @@ impl OperationId {
             hasher.write(field);
         }
         let digest = hex::encode(hasher.finish_128().to_be_bytes());
-        Self(format!("op_{}", &digest[..REQUEST_DIGEST_HEX_CHARS]))
+        let mut id = String::with_capacity(3 + REQUEST_DIGEST_HEX_CHARS);
+        id.push_str("op_");
+        id.push_str(&digest[..REQUEST_DIGEST_HEX_CHARS]);
+        Self(id)
     }
 
     /// `op_<16 hex>` from the operation kind and a digest the caller already took of its payload

@@ -16,7 +16,7 @@ use std::collections::{BTreeMap, HashMap};
 use serde::Serialize;
 
 pub use provenance::{TrustClass, entry_provenance, section_provenance};
-pub use render::{id_tag, journaled_text, render_entry, write_journaled_text};
+pub use render::{id_tag, journaled_text, push_id_tag, render_entry, write_journaled_text};
 
 use crate::budget::{BudgetError, BudgetPolicy, ContextBudget, ContextStatus};
 use crate::entry::{Entry, EntryId, EntryKind, RetentionClass, Role, ToolCall};
@@ -170,7 +170,7 @@ impl<'a> Packet<'a> {
         match (&rendered.replaced_text, self.journaled(index)) {
             (Some(text), _) => out.push_str(text),
             (None, Some(entry)) => write_journaled_text(entry, out),
-            (None, None) => out.push_str(&id_tag(rendered.id)),
+            (None, None) => push_id_tag(rendered.id, out),
         }
     }
 

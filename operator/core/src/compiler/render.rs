@@ -10,7 +10,16 @@ pub(super) const TELEMETRY_TOKENS: u64 = 32;
 
 /// The visible ID tag that starts every Tier-2 entry, e.g. `[msg_104]`.
 pub fn id_tag(id: EntryId) -> String {
-    format!("[{id}]")
+    let mut tag = String::with_capacity(32);
+    push_id_tag(id, &mut tag);
+    tag
+}
+
+/// Appends the visible ID tag of `id`, `[msg_104]`, to `out`.
+pub fn push_id_tag(id: EntryId, out: &mut String) {
+    out.push('[');
+    id.push_to(out);
+    out.push(']');
 }
 
 /// The text of `entry` as journaled, with its visible ID tag: `[msg_104] Find the auth errors.`.
@@ -22,9 +31,7 @@ pub fn journaled_text(entry: &Entry) -> String {
 
 /// Appends [`journaled_text`] of `entry` to `out`.
 pub fn write_journaled_text(entry: &Entry, out: &mut String) {
-    use std::fmt::Write as _;
-    // Writing to a String cannot fail.
-    let _ = write!(out, "[{}]", entry.id);
+    push_id_tag(entry.id, out);
     append_journal_body(out, entry);
 }
 

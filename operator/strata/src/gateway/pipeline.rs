@@ -244,7 +244,7 @@ async fn prepare(
     // Named from the digest the memo took of its messages' bytes: a resent history is hashed once.
     let operation_id = OperationId::from_payload_digest(adapter.name(), recollection.body_digest(body));
     let mut record = RequestRecord {
-        operation_id: operation_id.to_string(),
+        operation_id: operation_id.as_str().to_owned(),
         at_ms: now_ms(),
         api: adapter.name(),
         stream: request.stream,
