@@ -71,10 +71,16 @@ impl EntryId {
     /// Appends the ID's text, `msg_12`, to `out`. Every request renders and journals IDs, so the
     /// number is written by `itoa` rather than through the formatting machinery.
     pub fn push_to(&self, out: &mut String) {
+        // Writing to a String cannot fail.
+        let _ = self.write_to(out);
+    }
+
+    /// Writes the ID's text to `out`: its prefix, `_`, and the number by `itoa`.
+    fn write_to(&self, out: &mut impl fmt::Write) -> fmt::Result {
         let mut digits = itoa::Buffer::new();
-        out.push_str(self.kind.prefix());
-        out.push('_');
-        out.push_str(digits.format(self.number));
+        out.write_str(self.kind.prefix())?;
+        out.write_str("_")?;
+        out.write_str(digits.format(self.number))
     }
 }
 
@@ -93,10 +99,7 @@ impl PartialOrd for EntryId {
 
 impl fmt::Display for EntryId {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let mut digits = itoa::Buffer::new();
-        f.write_str(self.kind.prefix())?;
-        f.write_str("_")?;
-        f.write_str(digits.format(self.number))
+        self.write_to(f)
     }
 }
 
