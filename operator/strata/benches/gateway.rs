@@ -24,14 +24,25 @@
 //! connection, as the gateway sends to a plain-`http` upstream);
 //! and the floor, on hyper's own server with the same client. Each measured turn times the gateway, the direct path, the limit and the floor,
 //! in that order.
+//! The `gateway alone` phase is a sequential Stateful one with neither the direct path nor the
+//! reference proxies: it times the gateway when the only bodies moved between two of its requests
+//! are its own. The last lines compare the gateway's mean own work at 200k with 1k, in this phase
+//! and in the interleaved one (the flat-cost goal).
+//! `STRATA_BENCH_INSTRUCTIONS=1` times nothing: it runs the gateway under callgrind (valgrind must
+//! be installed) in the `gateway alone` and Transparent phases and prints the instructions it
+//! executes per request, a measure of its work that load and cache state do not move
+//! (`gateway_bench/instructions.rs`). It exits non-zero when the instructions per request at 200k
+//! differ from those at 1k by more than the flat-cost goal's ±20%.
 //!
-//! CI mode: `STRATA_BENCH_CI_MAX_RATIO=R` runs only the sequential phases, Stateful and
-//! Transparent (300 measured requests at each journal size), and exits non-zero when a request
+//! CI mode: `STRATA_BENCH_CI_MAX_RATIO=R` runs only the sequential phases, Stateful (interleaved
+//! and alone) and Transparent (300 measured requests at each journal size), and exits non-zero when a request
 //! failed or the p99 ratio gateway / direct exceeds `R` (the Transparent phase at 1k is timed but not
 //! judged: its ratio on disk is fsync noise), so a large regression fails the run. The ratio is measured side by
 //! side in the same run, which keeps it meaningful on a shared, noisy machine.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+#[path = "gateway_bench/instructions.rs"]
+mod instructions;
 #[path = "gateway_bench/pass_through.rs"]
 mod pass_through;
 #[path = "../tests/gateway_support/process.rs"]
@@ -177,9 +188,10 @@ fn config(fake: SocketAddr, session_mode: SessionMode) -> GatewayConfig {
     }
 }
 
-async fn spawn_gateway(config_path: &Path, data_dir: &Path) -> GatewayProcess {
-    let mut process =
-        GatewayProcess::spawn(Path::new(env!("CARGO_BIN_EXE_strata-gateway")), config_path, data_dir, None);
+/// Starts `program` (the gateway, or the script that runs it under callgrind) and waits until it is
+/// ready; under callgrind it starts uninstrumented, so it is ready in about the usual time.
+async fn spawn_gateway(program: &Path, config_path: &Path, data_dir: &Path) -> GatewayProcess {
+    let mut process = GatewayProcess::spawn(program, config_path, data_dir, None);
     process
         .wait_ready(&reqwest::Client::new(), Duration::from_secs(30))
         .await
@@ -216,8 +228,15 @@ async fn read_all(response: Result<reqwest::Response, reqwest::Error>) -> Result
     }
 }
 
+/// The flat-cost goal: a request's cost at a 200k-token journal within this many % of a 1k one.
+const FLAT_COST_GOAL_PERCENT: f64 = 20.0;
+
 /// The sequential phase whose client is a Transparent one (the whole history on every call).
 const TRANSPARENT: &str = "transparent";
+
+/// The sequential Stateful phase that times the gateway alone: no direct path and no reference
+/// proxies between its requests, so the only bodies moved between two of them are its own.
+const ALONE: &str = "gateway alone";
 
 /// How the reference paths are named in the report, in the order they are timed.
 const REFERENCE_LABELS: [&str; 2] =
@@ -300,12 +319,12 @@ fn transparent_history(target_tokens: u64) -> Vec<serde_json::Value> {
 }
 
 /// Runs `per_stream` measured requests (after one unmeasured) on each of `streams` streams, each
-/// followed by the direct path and then each of the `references` proxies. With a `transcript`, the
-/// client is a Transparent one: it sends the whole message list on every call (one stream only) and
-/// keeps each answer in it.
+/// followed by the direct path to the fake upstream at `direct` (none: the gateway alone) and then
+/// each of the `references` proxies. With a `transcript`, the client is a Transparent one: it sends
+/// the whole message list on every call (one stream only) and keeps each answer in it.
 async fn run_phase(
     gateway: SocketAddr,
-    fake: SocketAddr,
+    direct: Option<SocketAddr>,
     references: &[SocketAddr],
     state: Arc<Fake>,
     (streams, per_stream): (usize, usize),
@@ -370,10 +389,16 @@ async fn run_phase(
                 if let Some(transcript) = &transcript {
                     transcript.lock().unwrap().push(json!({"role": "assistant", "content": "k"}));
                 }
-                let replay = state.latest.lock().unwrap().clone();
-                let direct =
-                    timed_replay(&client, &format!("http://{fake}/v1/chat/completions"), replay.clone())
-                        .await;
+                let direct = match direct {
+                    Some(fake) => {
+                        let replay = state.latest.lock().unwrap().clone();
+                        Some(
+                            timed_replay(&client, &format!("http://{fake}/v1/chat/completions"), replay)
+                                .await,
+                        )
+                    }
+                    None => None,
+                };
                 let mut through_references = Vec::with_capacity(references.len());
                 for proxy in &references {
                     let started = Instant::now();
@@ -390,10 +415,10 @@ async fn run_phase(
                 }
                 let through_references: Result<Vec<Duration>, String> =
                     through_references.into_iter().collect();
-                match (through_gateway, direct, through_references) {
+                match (through_gateway, direct.transpose(), through_references) {
                     (Ok(gateway_time), Ok(direct_time), Ok(reference_time)) => {
                         gateway_times.push(gateway_time);
-                        direct_times.push(direct_time);
+                        direct_times.extend(direct_time);
                         for (times, time) in reference_times.iter_mut().zip(reference_time) {
                             times.push(time);
                         }
@@ -509,6 +534,37 @@ async fn own_times(metrics: SocketAddr) -> OwnTimes {
     }
 }
 
+/// The flat-cost goal: the gateway's cost per request at a 200k-token journal against a 1k one
+/// (goal: within ±20%), for each sequential Stateful phase: its mean own work in time, or its instructions
+/// when `counting`. In the `sequential` phase the direct path and the reference proxies move the
+/// large body four more times between two of the gateway's requests, which leaves its caches
+/// colder at 200k than its own traffic would; the `gateway alone` phase has no such traffic.
+/// Returns each phase's change, in %.
+fn print_flat_cost<'a>(means: &[(u64, &'a str, f64)], counting: bool) -> Vec<(&'a str, f64)> {
+    let mut changes = Vec::new();
+    let mean = |target: u64, name: &str| {
+        means.iter().find(|(t, n, _)| *t == target && *n == name).map(|(_, _, m)| *m)
+    };
+    for name in ["sequential", ALONE] {
+        if let (Some(small), Some(large)) = (mean(1_000, name), mean(200_000, name))
+            && small > 0.0
+        {
+            let change = (large / small - 1.0) * 100.0;
+            changes.push((name, change));
+            if counting {
+                println!(
+                    "flat cost, {name}: {small:.0} instructions per request at 1k, {large:.0} at 200k = {change:+.1}% (goal: within ±{FLAT_COST_GOAL_PERCENT}%)"
+                );
+            } else {
+                println!(
+                    "flat cost, {name}: own work {small:.1} µs at 1k, {large:.1} µs at 200k = {change:+.0}% (goal: within ±{FLAT_COST_GOAL_PERCENT}%)"
+                );
+            }
+        }
+    }
+    changes
+}
+
 fn bench_root() -> PathBuf {
     std::env::var_os("STRATA_BENCH_DIR").map(PathBuf::from).unwrap_or_else(std::env::temp_dir)
 }
@@ -538,6 +594,11 @@ fn main() {
 /// Runs the phases; returns the exit code.
 async fn bench() -> i32 {
     let quick = std::env::var_os("STRATA_BENCH_QUICK").is_some();
+    let counting = std::env::var_os("STRATA_BENCH_INSTRUCTIONS").is_some();
+    if counting && let Some(why) = instructions::unavailable() {
+        eprintln!("{why}");
+        return 2;
+    }
     let max_ratio = match std::env::var("STRATA_BENCH_CI_MAX_RATIO") {
         Ok(text) => match text.parse::<f64>() {
             Ok(ratio) if ratio > 1.0 => Some(ratio),
@@ -568,12 +629,33 @@ async fn bench() -> i32 {
     }
     let sequential_override =
         std::env::var("STRATA_BENCH_SEQUENTIAL").ok().and_then(|text| text.parse().ok());
-    let phases: &[(&str, usize, usize)] = if max_ratio.is_some() {
-        &[("sequential", 1, 300), (TRANSPARENT, 1, 300)]
-    } else if quick {
-        &[("sequential", 1, 300), (TRANSPARENT, 1, 300), ("256 streams", 256, 2), ("2048 streams", 2048, 1)]
+    let gateway_program = Path::new(env!("CARGO_BIN_EXE_strata-gateway"));
+    let callgrind_dir = root.path().join("callgrind");
+    let program = if counting {
+        instructions::wrapper(&callgrind_dir, gateway_program)
     } else {
-        &[("sequential", 1, 2000), (TRANSPARENT, 1, 2000), ("256 streams", 256, 8), ("2048 streams", 2048, 2)]
+        gateway_program.to_owned()
+    };
+    let phases: &[(&str, usize, usize)] = if counting {
+        &[(ALONE, 1, 300), (TRANSPARENT, 1, 300)]
+    } else if max_ratio.is_some() {
+        &[("sequential", 1, 300), (ALONE, 1, 300), (TRANSPARENT, 1, 300)]
+    } else if quick {
+        &[
+            ("sequential", 1, 300),
+            (ALONE, 1, 300),
+            (TRANSPARENT, 1, 300),
+            ("256 streams", 256, 2),
+            ("2048 streams", 2048, 1),
+        ]
+    } else {
+        &[
+            ("sequential", 1, 2000),
+            (ALONE, 1, 2000),
+            (TRANSPARENT, 1, 2000),
+            ("256 streams", 256, 8),
+            ("2048 streams", 2048, 2),
+        ]
     };
     let phases: Vec<(&str, usize, usize)> = phases
         .iter()
@@ -582,6 +664,9 @@ async fn bench() -> i32 {
         })
         .collect();
     let mut regressions = Vec::new();
+    // (journal target, phase, the gateway's mean own work in µs, or its instructions per request
+    // when counting) of each sequential phase.
+    let mut own_work_means: Vec<(u64, &str, f64)> = Vec::new();
     println!("data dir root: {}", root.path().display());
     for target in [1_000u64, 200_000] {
         let seeded = root.path().join(format!("seed-{target}"));
@@ -596,11 +681,15 @@ async fn bench() -> i32 {
                 copy_dir(&seeded, &data);
                 (SessionMode::Stateful, None)
             };
-            let gateway = spawn_gateway(&config_path(mode), &data).await;
-            let references = if streams == 1 { vec![proxy.address, floor.address] } else { Vec::new() };
+            let gateway = spawn_gateway(&program, &config_path(mode), &data).await;
+            // Counting times nothing, so it sends the gateway's requests alone.
+            let alone = name == ALONE || counting;
+            let references =
+                if streams == 1 && !alone { vec![proxy.address, floor.address] } else { Vec::new() };
+            let direct = (!alone).then_some(fake);
             let warm_up = run_phase(
                 gateway.address,
-                fake,
+                direct,
                 &references,
                 Arc::clone(&state),
                 (1, 20),
@@ -612,11 +701,15 @@ async fn bench() -> i32 {
                 regressions.push(format!("the warm-up failed at {target} tokens, {name}"));
                 continue;
             }
+            if counting && let Err(error) = instructions::start(gateway.pid()).await {
+                eprintln!("{error}");
+                return 2;
+            }
             let before = journal_tokens(gateway.address).await;
             let own_before = own_times(gateway.metrics_address).await;
             let phase = run_phase(
                 gateway.address,
-                fake,
+                direct,
                 &references,
                 Arc::clone(&state),
                 (streams, per_stream),
@@ -624,6 +717,30 @@ async fn bench() -> i32 {
             )
             .await;
             let own_after = own_times(gateway.metrics_address).await;
+            if counting {
+                let handled = own_after.work.count - own_before.work.count;
+                match instructions::instructions(gateway.pid(), &callgrind_dir).await {
+                    Ok(count) if handled > 0.0 && phase.failures.is_empty() => {
+                        let per_request = count as f64 / handled;
+                        println!(
+                            "journal {seeded_tokens:>7} tok | {name:<13} n={handled:<5} | instructions per request {per_request:>10.0} (callgrind, all of the gateway's threads, user space)"
+                        );
+                        own_work_means.push((target, name, per_request));
+                    }
+                    Ok(_) => {
+                        println!(
+                            "  {name} at {target} tokens: no request counted; failures: {:?}",
+                            phase.failures
+                        );
+                        regressions.push(format!("no request counted at {target} tokens, {name}"));
+                    }
+                    Err(error) => {
+                        eprintln!("{error}");
+                        return 2;
+                    }
+                }
+                continue;
+            }
             if own_after.rewinds > 0.0 {
                 println!(
                     "  the gateway rewound {} times: the bench's Transparent client diverged from its journal",
@@ -654,7 +771,31 @@ async fn bench() -> i32 {
             if phase.gateway.is_empty() {
                 continue;
             }
+            let work_mean = own_after.work.mean_micros_since(own_before.work);
+            if streams == 1 {
+                own_work_means.push((target, name, work_mean));
+            }
             let (g50, g99) = (percentile(&phase.gateway, 0.5), percentile(&phase.gateway, 0.99));
+            if alone {
+                println!(
+                    "journal {seeded_tokens:>7} tok ({before}->{after}) | {name:<13} n={:<5} | gateway p50 {:>9.0} µs p99 {:>9.0} µs | RSS {:.1} MiB (peak {:.1} MiB; anon {:.1} MiB, file {:.1} MiB)",
+                    phase.gateway.len(),
+                    micros(g50),
+                    micros(g99),
+                    rss as f64 / 1024.0,
+                    peak as f64 / 1024.0,
+                    anon as f64 / 1024.0,
+                    file as f64 / 1024.0,
+                );
+                println!(
+                    "  the gateway's own account, mean: its work {work_mean:.0} µs (p99 within {}), waiting on the upstream {:.0} µs",
+                    own_after
+                        .work_quantile_bound_since(&own_before, 0.99)
+                        .map_or_else(|| "over 50 ms".to_owned(), |bound| format!("{bound:.0} µs")),
+                    own_after.upstream.mean_micros_since(own_before.upstream)
+                );
+                continue;
+            }
             let (d50, d99) = (percentile(&phase.direct, 0.5), percentile(&phase.direct, 0.99));
             println!(
                 "journal {seeded_tokens:>7} tok ({before}->{after}) | {name:<13} n={:<5} | gateway p50 {:>9.0} µs p99 {:>9.0} µs | direct p50 {:>8.0} µs p99 {:>8.0} µs | added p50 {:>8.0} µs p99 {:>8.0} µs | RSS {:.1} MiB (peak {:.1} MiB; anon {:.1} MiB, file {:.1} MiB)",
@@ -672,8 +813,7 @@ async fn bench() -> i32 {
             );
             let ratio = micros(g99) / micros(d99);
             println!(
-                "  p99 gateway / direct = {ratio:.2}x | the gateway's own account, mean: its work {:.0} µs (p99 within {}), waiting on the upstream {:.0} µs",
-                own_after.work.mean_micros_since(own_before.work),
+                "  p99 gateway / direct = {ratio:.2}x | the gateway's own account, mean: its work {work_mean:.0} µs (p99 within {}), waiting on the upstream {:.0} µs",
                 own_after
                     .work_quantile_bound_since(&own_before, 0.99)
                     .map_or_else(|| "over 50 ms".to_owned(), |bound| format!("{bound:.0} µs")),
@@ -720,7 +860,19 @@ async fn bench() -> i32 {
             }
         }
     }
-    if max_ratio.is_some() {
+    let flat_changes = print_flat_cost(&own_work_means, counting);
+    if counting {
+        // Instructions do not move with the machine's load, so the flat-cost goal is judged on
+        // them: a step that grows with the history fails the run.
+        match flat_changes.iter().find(|(name, _)| *name == ALONE) {
+            Some((_, change)) if change.abs() > FLAT_COST_GOAL_PERCENT => regressions.push(format!(
+                "instructions per request at 200k differ from 1k by {change:+.1}%, beyond ±{FLAT_COST_GOAL_PERCENT}%"
+            )),
+            Some(_) => {}
+            None => regressions.push("no flat-cost figure: a phase counted nothing".to_owned()),
+        }
+    }
+    if max_ratio.is_some() || counting {
         if regressions.is_empty() {
             println!("gateway bench check: pass");
         } else {
