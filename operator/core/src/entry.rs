@@ -302,43 +302,79 @@ impl EntryDraft {
 /// `name`, `arguments_json`; tool-result count (u64 LE) and per result a presence byte for `name`
 /// (0 or 1, followed by the name when 1), `call_id`, `output`.
 pub fn canonical_content_bytes(role: Role, content: &Content) -> Vec<u8> {
-    fn field(out: &mut Vec<u8>, text: &str) {
-        out.extend_from_slice(&(text.len() as u64).to_le_bytes());
-        out.extend_from_slice(text.as_bytes());
-    }
     let mut out = Vec::with_capacity(content.text.len() + 64);
-    out.push(role.tag());
-    field(&mut out, &content.text);
-    out.extend_from_slice(&(content.tool_calls.len() as u64).to_le_bytes());
-    for call in &content.tool_calls {
-        field(&mut out, &call.call_id);
-        field(&mut out, &call.name);
-        field(&mut out, &call.arguments_json);
+    feed_canonical_content(role, content, &mut |bytes| out.extend_from_slice(bytes));
+    out
+}
+
+/// Feeds [`canonical_content_bytes`] to `sink` piece by piece, so a hash reads the content in place.
+fn feed_canonical_content(role: Role, content: &Content, sink: &mut impl FnMut(&[u8])) {
+    fn field(sink: &mut impl FnMut(&[u8]), text: &str) {
+        sink(&(text.len() as u64).to_le_bytes());
+        sink(text.as_bytes());
     }
-    out.extend_from_slice(&(content.tool_results.len() as u64).to_le_bytes());
+    sink(&[role.tag()]);
+    field(sink, &content.text);
+    sink(&(content.tool_calls.len() as u64).to_le_bytes());
+    for call in &content.tool_calls {
+        field(sink, &call.call_id);
+        field(sink, &call.name);
+        field(sink, &call.arguments_json);
+    }
+    sink(&(content.tool_results.len() as u64).to_le_bytes());
     for result in &content.tool_results {
         match &result.name {
             Some(name) => {
-                out.push(1);
-                field(&mut out, name);
+                sink(&[1]);
+                field(sink, name);
             }
-            None => out.push(0),
+            None => sink(&[0]),
         }
-        field(&mut out, &result.call_id);
-        field(&mut out, &result.output);
+        field(sink, &result.call_id);
+        field(sink, &result.output);
     }
-    out
 }
 
 /// Lower-case hex SHA-256 of the canonical serialization of role and content.
 pub fn content_hash(role: Role, content: &Content) -> String {
-    hex::encode(Sha256::digest(canonical_content_bytes(role, content)))
+    let mut hasher = Sha256::new();
+    feed_canonical_content(role, content, &mut |bytes| hasher.update(bytes));
+    crate::hex_text::lower_hex(&hasher.finalize())
 }
 
 #[cfg(test)]
 mod tests {
     #![allow(clippy::unwrap_used)]
     use super::*;
+
+    #[test]
+    fn content_hash_is_the_hex_sha256_of_the_canonical_bytes() {
+        let call = ToolCall {
+            call_id: "call_1".into(),
+            name: "read_output".into(),
+            arguments_json: r#"{"id":"msg_3"}"#.into(),
+        };
+        let named =
+            ToolResult { call_id: "call_1".into(), name: Some("read_output".into()), output: "ok".into() };
+        let unnamed = ToolResult { call_id: "call_2".into(), name: None, output: "é\n".into() };
+        let contents = [
+            Content::text(""),
+            Content::text("hello"),
+            Content { text: "t".into(), tool_calls: vec![call.clone(), call], tool_results: vec![] },
+            Content { text: String::new(), tool_calls: vec![], tool_results: vec![named, unnamed] },
+        ];
+        for role in [Role::System, Role::User, Role::Assistant, Role::Tool] {
+            for content in &contents {
+                let expected = hex::encode(Sha256::digest(canonical_content_bytes(role, content)));
+                assert_eq!(content_hash(role, content), expected, "{role:?} {content:?}");
+            }
+        }
+        // A hash written to journals before this change, which must still verify.
+        assert_eq!(
+            content_hash(Role::User, &Content::text("hello")),
+            hex::encode(Sha256::digest(b"\x01\x05\0\0\0\0\0\0\0hello\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0"))
+        );
+    }
 
     #[test]
     fn entry_id_round_trips_through_text_and_json() {

@@ -14,6 +14,7 @@ pub mod delegation;
 pub mod derived;
 pub mod economics;
 pub mod entry;
+pub mod hex_text;
 pub mod history_index;
 pub mod journal;
 pub mod lifecycle;

@@ -31,10 +31,10 @@ impl OperationId {
             hasher.write(&(field.len() as u64).to_be_bytes());
             hasher.write(field);
         }
-        let digest = hex::encode(hasher.finish_128().to_be_bytes());
+        let digest = hasher.finish_128().to_be_bytes();
         let mut id = String::with_capacity(3 + REQUEST_DIGEST_HEX_CHARS);
         id.push_str("op_");
-        id.push_str(&digest[..REQUEST_DIGEST_HEX_CHARS]);
+        crate::hex_text::push_lower_hex(&mut id, &digest[..REQUEST_DIGEST_HEX_CHARS / 2]);
         Self(id)
     }
 

@@ -11,7 +11,7 @@ use std::convert::Infallible;
 use std::sync::{Arc, Mutex, PoisonError, RwLock};
 use std::time::Duration;
 
-use axum::http::{HeaderMap, HeaderValue, Method, Request, StatusCode, Uri, header};
+use axum::http::{HeaderMap, HeaderName, HeaderValue, Method, Request, StatusCode, Uri, header};
 use bytes::{Bytes, BytesMut};
 use http_body_util::combinators::BoxBody;
 use http_body_util::{BodyExt, Empty, Full, StreamBody};
@@ -29,7 +29,14 @@ use super::provider::adapter_for;
 use strata_core::session::render::body::ChunkedBody;
 
 /// Client headers forwarded to the upstream.
-const FORWARDED_HEADERS: [&str; 3] = ["anthropic-version", "anthropic-beta", "openai-organization"];
+const FORWARDED_HEADERS: [HeaderName; 3] = [
+    ANTHROPIC_VERSION,
+    HeaderName::from_static("anthropic-beta"),
+    HeaderName::from_static("openai-organization"),
+];
+
+/// The header that names the Anthropic API version (typed, so a lookup does not parse the name).
+const ANTHROPIC_VERSION: HeaderName = HeaderName::from_static("anthropic-version");
 
 /// Upstream error headers passed to the client with the error (besides `content-type`): what a
 /// client needs to back off and to quote the provider's request id.
@@ -334,12 +341,12 @@ impl Upstream {
                     .into(),
         })?;
         let mut headers = HeaderMap::new();
-        for name in FORWARDED_HEADERS {
+        for name in &FORWARDED_HEADERS {
             if let Some(value) = client_headers.get(name) {
-                headers.insert(name, value.clone());
+                headers.insert(name.clone(), value.clone());
             }
         }
-        let client_sent_version = client_headers.contains_key("anthropic-version");
+        let client_sent_version = client_headers.contains_key(&ANTHROPIC_VERSION);
         adapter_for(settings.provider())
             .authenticate(&mut headers, settings.api_key.as_deref(), client_sent_version)
             .map_err(|reason| GatewayError::UpstreamUnreachable { url: url.to_owned(), reason })?;
