@@ -776,49 +776,41 @@ async fn bench() -> i32 {
                 own_work_means.push((target, name, work_mean));
             }
             let (g50, g99) = (percentile(&phase.gateway, 0.5), percentile(&phase.gateway, 0.99));
-            if alone {
-                println!(
-                    "journal {seeded_tokens:>7} tok ({before}->{after}) | {name:<13} n={:<5} | gateway p50 {:>9.0} µs p99 {:>9.0} µs | RSS {:.1} MiB (peak {:.1} MiB; anon {:.1} MiB, file {:.1} MiB)",
-                    phase.gateway.len(),
-                    micros(g50),
-                    micros(g99),
-                    rss as f64 / 1024.0,
-                    peak as f64 / 1024.0,
-                    anon as f64 / 1024.0,
-                    file as f64 / 1024.0,
-                );
-                println!(
-                    "  the gateway's own account, mean: its work {work_mean:.0} µs (p99 within {}), waiting on the upstream {:.0} µs",
-                    own_after
-                        .work_quantile_bound_since(&own_before, 0.99)
-                        .map_or_else(|| "over 50 ms".to_owned(), |bound| format!("{bound:.0} µs")),
-                    own_after.upstream.mean_micros_since(own_before.upstream)
-                );
-                continue;
-            }
-            let (d50, d99) = (percentile(&phase.direct, 0.5), percentile(&phase.direct, 0.99));
-            println!(
-                "journal {seeded_tokens:>7} tok ({before}->{after}) | {name:<13} n={:<5} | gateway p50 {:>9.0} µs p99 {:>9.0} µs | direct p50 {:>8.0} µs p99 {:>8.0} µs | added p50 {:>8.0} µs p99 {:>8.0} µs | RSS {:.1} MiB (peak {:.1} MiB; anon {:.1} MiB, file {:.1} MiB)",
-                phase.gateway.len(),
-                micros(g50),
-                micros(g99),
-                micros(d50),
-                micros(d99),
-                micros(g50) - micros(d50),
-                micros(g99) - micros(d99),
+            let memory = format!(
+                "RSS {:.1} MiB (peak {:.1} MiB; anon {:.1} MiB, file {:.1} MiB)",
                 rss as f64 / 1024.0,
                 peak as f64 / 1024.0,
                 anon as f64 / 1024.0,
                 file as f64 / 1024.0,
             );
-            let ratio = micros(g99) / micros(d99);
-            println!(
-                "  p99 gateway / direct = {ratio:.2}x | the gateway's own account, mean: its work {work_mean:.0} µs (p99 within {}), waiting on the upstream {:.0} µs",
+            let own_account = format!(
+                "the gateway's own account, mean: its work {work_mean:.0} µs (p99 within {}), waiting on the upstream {:.0} µs",
                 own_after
                     .work_quantile_bound_since(&own_before, 0.99)
                     .map_or_else(|| "over 50 ms".to_owned(), |bound| format!("{bound:.0} µs")),
                 own_after.upstream.mean_micros_since(own_before.upstream)
             );
+            let head = format!(
+                "journal {seeded_tokens:>7} tok ({before}->{after}) | {name:<13} n={:<5} | gateway p50 {:>9.0} µs p99 {:>9.0} µs",
+                phase.gateway.len(),
+                micros(g50),
+                micros(g99),
+            );
+            if alone {
+                println!("{head} | {memory}");
+                println!("  {own_account}");
+                continue;
+            }
+            let (d50, d99) = (percentile(&phase.direct, 0.5), percentile(&phase.direct, 0.99));
+            println!(
+                "{head} | direct p50 {:>8.0} µs p99 {:>8.0} µs | added p50 {:>8.0} µs p99 {:>8.0} µs | {memory}",
+                micros(d50),
+                micros(d99),
+                micros(g50) - micros(d50),
+                micros(g99) - micros(d99),
+            );
+            let ratio = micros(g99) / micros(d99);
+            println!("  p99 gateway / direct = {ratio:.2}x | {own_account}");
             if std::env::var_os("STRATA_BENCH_TAILS").is_some() {
                 let tails = |times: &[Duration]| {
                     [0.5, 0.9, 0.95, 0.98, 0.99, 0.995, 0.999]
