@@ -35,10 +35,11 @@
 //! differ from those at 1k by more than the flat-cost goal's ±20%.
 //!
 //! CI mode: `STRATA_BENCH_CI_MAX_RATIO=R` runs only the sequential phases, Stateful (interleaved
-//! and alone) and Transparent (300 measured requests at each journal size), and exits non-zero when a request
-//! failed or the p99 ratio gateway / direct exceeds `R` (the Transparent phase at 1k is timed but not
-//! judged: its ratio on disk is fsync noise), so a large regression fails the run. The ratio is measured side by
-//! side in the same run, which keeps it meaningful on a shared, noisy machine.
+//! and alone) and Transparent (300 measured requests at each journal size), and exits non-zero
+//! when a request failed or the p99 ratio gateway / direct exceeds `R` (the Transparent phase at
+//! 1k is timed but not judged: its ratio on disk is fsync noise), so a large regression fails the
+//! run. The ratio is measured side by side in the same run, which keeps it meaningful on a shared,
+//! noisy machine.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 #[path = "gateway_bench/instructions.rs"]
@@ -664,9 +665,9 @@ async fn bench() -> i32 {
         })
         .collect();
     let mut regressions = Vec::new();
-    // (journal target, phase, the gateway's mean own work in µs, or its instructions per request
-    // when counting) of each sequential phase.
-    let mut own_work_means: Vec<(u64, &str, f64)> = Vec::new();
+    // (journal target, phase, cost per request) of each sequential phase: the gateway's mean own
+    // work in µs, or its instructions per request when counting.
+    let mut per_request_costs: Vec<(u64, &str, f64)> = Vec::new();
     println!("data dir root: {}", root.path().display());
     for target in [1_000u64, 200_000] {
         let seeded = root.path().join(format!("seed-{target}"));
@@ -725,7 +726,7 @@ async fn bench() -> i32 {
                         println!(
                             "journal {seeded_tokens:>7} tok | {name:<13} n={handled:<5} | instructions per request {per_request:>10.0} (callgrind, all of the gateway's threads, user space)"
                         );
-                        own_work_means.push((target, name, per_request));
+                        per_request_costs.push((target, name, per_request));
                     }
                     Ok(_) => {
                         println!(
@@ -773,7 +774,7 @@ async fn bench() -> i32 {
             }
             let work_mean = own_after.work.mean_micros_since(own_before.work);
             if streams == 1 {
-                own_work_means.push((target, name, work_mean));
+                per_request_costs.push((target, name, work_mean));
             }
             let (g50, g99) = (percentile(&phase.gateway, 0.5), percentile(&phase.gateway, 0.99));
             let memory = format!(
@@ -852,7 +853,7 @@ async fn bench() -> i32 {
             }
         }
     }
-    let flat_changes = print_flat_cost(&own_work_means, counting);
+    let flat_changes = print_flat_cost(&per_request_costs, counting);
     if counting {
         // Instructions do not move with the machine's load, so the flat-cost goal is judged on
         // them: a step that grows with the history fails the run.

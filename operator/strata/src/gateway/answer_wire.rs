@@ -236,10 +236,7 @@ mod tests {
     }
 
     fn fast(api: Api, answer: &str) -> Option<AssistantOutput> {
-        match api {
-            Api::OpenAi => openai_answer(answer.as_bytes()),
-            Api::Anthropic => anthropic_answer(answer.as_bytes()),
-        }
+        adapter(api).usual_answer(answer.as_bytes())
     }
 
     const OPENAI: [&str; 14] = [

@@ -79,9 +79,17 @@ pub trait ProviderAdapter: Sync {
     ) -> Result<ParsedRequest, GatewayError>;
     /// A complete (non-streaming) upstream answer, parsed.
     fn parse_answer(&self, value: Value) -> Result<AssistantOutput, GatewayError>;
-    /// A complete upstream answer from its bytes: read into its fields when it has the usual
-    /// shape (without the `raw` tree, see [`super::answer_wire`]), parsed whole otherwise.
-    fn read_answer(&self, bytes: &[u8]) -> Result<AssistantOutput, GatewayError>;
+    /// A complete upstream answer of this API's usual shape, read straight into its fields (without
+    /// the `raw` tree, see [`super::answer_wire`]); `None` when it takes the JSON tree to read it.
+    fn usual_answer(&self, bytes: &[u8]) -> Option<AssistantOutput>;
+    /// A complete upstream answer from its bytes: [`Self::usual_answer`] when it has the usual
+    /// shape, parsed whole otherwise.
+    fn read_answer(&self, bytes: &[u8]) -> Result<AssistantOutput, GatewayError> {
+        match self.usual_answer(bytes) {
+            Some(output) => Ok(output),
+            None => self.parse_answer(answer_tree(bytes)?),
+        }
+    }
     /// Whether the answer stopped at its output-token limit.
     fn stopped_at_limit(&self, output: &AssistantOutput) -> bool;
     /// The texts of a request's rounds as one assistant text, the way the client sees them.
@@ -192,11 +200,8 @@ impl ProviderAdapter for OpenAiAdapter {
         openai::parse_response(value)
     }
 
-    fn read_answer(&self, bytes: &[u8]) -> Result<AssistantOutput, GatewayError> {
-        match answer_wire::openai_answer(bytes) {
-            Some(output) => Ok(output),
-            None => self.parse_answer(answer_tree(bytes)?),
-        }
+    fn usual_answer(&self, bytes: &[u8]) -> Option<AssistantOutput> {
+        answer_wire::openai_answer(bytes)
     }
 
     fn stopped_at_limit(&self, output: &AssistantOutput) -> bool {
@@ -297,11 +302,8 @@ impl ProviderAdapter for AnthropicAdapter {
         anthropic::parse_response(value)
     }
 
-    fn read_answer(&self, bytes: &[u8]) -> Result<AssistantOutput, GatewayError> {
-        match answer_wire::anthropic_answer(bytes) {
-            Some(output) => Ok(output),
-            None => self.parse_answer(answer_tree(bytes)?),
-        }
+    fn usual_answer(&self, bytes: &[u8]) -> Option<AssistantOutput> {
+        answer_wire::anthropic_answer(bytes)
     }
 
     fn stopped_at_limit(&self, output: &AssistantOutput) -> bool {
