@@ -244,7 +244,7 @@ pub struct Entry {
     pub created_at_ms: u64,
     /// Token count supplied by the caller at append time.
     pub tokens: u64,
-    /// Lower-case hex SHA-256 of [`canonical_content_bytes`] of role and content.
+    /// [`content_hash`] of role and content.
     pub content_hash: String,
     /// Artifacts this entry refers to.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
@@ -295,19 +295,8 @@ impl EntryDraft {
     }
 }
 
-/// The canonical byte serialization of role and content that `content_hash` covers.
-///
-/// Layout: one role tag byte (system 0, user 1, assistant 2, tool 3), then length-prefixed fields
-/// (u64 LE byte length, then UTF-8 bytes): text; tool-call count (u64 LE) and per call `call_id`,
-/// `name`, `arguments_json`; tool-result count (u64 LE) and per result a presence byte for `name`
-/// (0 or 1, followed by the name when 1), `call_id`, `output`.
-pub fn canonical_content_bytes(role: Role, content: &Content) -> Vec<u8> {
-    let mut out = Vec::with_capacity(content.text.len() + 64);
-    feed_canonical_content(role, content, &mut |bytes| out.extend_from_slice(bytes));
-    out
-}
-
-/// Feeds [`canonical_content_bytes`] to `sink` piece by piece, so a hash reads the content in place.
+/// Feeds the canonical bytes of role and content that [`content_hash`] covers to `sink` piece by
+/// piece, so the hash reads the content in place.
 fn feed_canonical_content(role: Role, content: &Content, sink: &mut impl FnMut(&[u8])) {
     fn field(sink: &mut impl FnMut(&[u8]), text: &str) {
         sink(&(text.len() as u64).to_le_bytes());
@@ -336,6 +325,11 @@ fn feed_canonical_content(role: Role, content: &Content, sink: &mut impl FnMut(&
 }
 
 /// Lower-case hex SHA-256 of the canonical serialization of role and content.
+///
+/// Layout: one role tag byte (system 0, user 1, assistant 2, tool 3), then length-prefixed fields
+/// (u64 LE byte length, then UTF-8 bytes): text; tool-call count (u64 LE) and per call `call_id`,
+/// `name`, `arguments_json`; tool-result count (u64 LE) and per result a presence byte for `name`
+/// (0 or 1, followed by the name when 1), `call_id`, `output`.
 pub fn content_hash(role: Role, content: &Content) -> String {
     let mut hasher = Sha256::new();
     feed_canonical_content(role, content, &mut |bytes| hasher.update(bytes));
@@ -346,6 +340,13 @@ pub fn content_hash(role: Role, content: &Content) -> String {
 mod tests {
     #![allow(clippy::unwrap_used)]
     use super::*;
+
+    /// The canonical bytes whole, for comparing the streamed hash with a hash of the buffer.
+    fn canonical_content_bytes(role: Role, content: &Content) -> Vec<u8> {
+        let mut out = Vec::with_capacity(content.text.len() + 64);
+        feed_canonical_content(role, content, &mut |bytes| out.extend_from_slice(bytes));
+        out
+    }
 
     #[test]
     fn content_hash_is_the_hex_sha256_of_the_canonical_bytes() {
