@@ -508,3 +508,41 @@ async fn a_journal_created_by_another_agent_is_refused_until_adopted_on_purpose(
     adopted.shutdown().await;
     drop(dir);
 }
+
+/// A client that closes its connection while its request is with the upstream cancels the request:
+/// the upstream call is dropped, so its late answer is never journaled (the client's turn is), and
+/// the gateway goes on serving. The gateway's server does not read from a connection while it
+/// serves a request on it (`http_serve`), so this is its own watch on the client, not hyper's.
+#[tokio::test]
+async fn a_client_that_leaves_cancels_its_upstream_call() {
+    use tokio::io::AsyncWriteExt;
+    let fake = FakeUpstream::start().await;
+    let upstream_delay = Duration::from_millis(1500);
+    fake.script([Reply::Delayed(upstream_delay, Box::new(Reply::Text("the late answer".into())))]);
+    let gateway = Harness::start(&fake, Provider::OpenAI, |_| {}).await;
+    let body = user("asked and left").to_string();
+    let request = format!(
+        "POST {CHAT} HTTP/1.1\r\nhost: gateway\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{body}",
+        body.len()
+    );
+    let mut client = tokio::net::TcpStream::connect(gateway.gateway.address).await.unwrap();
+    client.write_all(request.as_bytes()).await.unwrap();
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while fake.seen().is_empty() {
+        assert!(std::time::Instant::now() < deadline, "the upstream never got the call");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let called = std::time::Instant::now();
+    drop(client);
+
+    // Past the moment the upstream answers, with a margin.
+    tokio::time::sleep_until((called + upstream_delay + Duration::from_millis(700)).into()).await;
+    let roles: Vec<String> =
+        gateway.entries().await.iter().map(|entry| entry["role"].as_str().unwrap().to_owned()).collect();
+    assert_eq!(roles, ["user"], "the client's turn is journaled, the cancelled call's answer is not");
+
+    fake.script([Reply::Text("served".into())]);
+    let (status, answer) = gateway.post_json(CHAT, &user("still here"), &[]).await;
+    assert_eq!(status, 200, "{answer}");
+    assert_eq!(answer["choices"][0]["message"]["content"], "served");
+}

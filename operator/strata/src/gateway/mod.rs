@@ -11,6 +11,7 @@ pub(crate) mod connector;
 mod egress;
 mod engine_host;
 mod errors;
+mod http_serve;
 mod inspect;
 mod metrics;
 mod openai;
@@ -219,27 +220,13 @@ async fn bind(address: SocketAddr) -> Result<TcpListener, StartError> {
 /// each waits for the client's acknowledgement of the last, which a client may delay by 40 ms.
 fn serve(listener: TcpListener, router: axum::Router, stop: watch::Receiver<bool>) -> JoinHandle<()> {
     let listener = listener.tap_io(|connection| send_without_delay(connection));
-    tokio::spawn(serve_until(listener, router, stop))
+    tokio::spawn(http_serve::serve_until(listener, router, stop))
 }
 
 /// Turns Nagle's delay off on an accepted connection (see [`serve`]); a failure only costs latency.
 fn send_without_delay(connection: &tokio::net::TcpStream) {
     if let Err(error) = connection.set_nodelay(true) {
         tracing::debug!(%error, "cannot set TCP_NODELAY on an accepted connection");
-    }
-}
-
-/// Serves `router` on `listener` on the caller's runtime until `stop`, then until the connections
-/// it accepted are closed.
-async fn serve_until<L>(listener: L, router: axum::Router, mut stop: watch::Receiver<bool>)
-where
-    L: axum::serve::Listener<Addr = SocketAddr>,
-{
-    let shutdown = async move {
-        let _ = stop.wait_for(|stopped| *stopped).await;
-    };
-    if let Err(error) = axum::serve(listener, router).with_graceful_shutdown(shutdown).await {
-        tracing::error!(%error, "server stopped");
     }
 }
 

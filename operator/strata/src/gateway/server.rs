@@ -12,6 +12,7 @@ use futures::StreamExt;
 use serde_json::{Value, json};
 
 use super::errors::{GatewayError, json_response};
+use super::http_serve::ClientConnection;
 use super::pipeline::{Gateway, chat};
 use strata_core::session::CompactionAsk;
 use strata_core::session::turn::Api;
@@ -200,16 +201,41 @@ async fn drain(mut stream: axum::body::BodyDataStream) {
 }
 
 async fn serve_chat(gateway: Arc<Gateway>, api: Api, request: Request) -> Response {
+    let client = request.extensions().get::<ClientConnection>().cloned();
     let (headers, body) = match read_body(&gateway, request).await {
         Ok(read) => read,
         Err(error) => return error.into_response_for(api),
     };
-    let answered = chat(Arc::clone(&gateway), api, headers, &body).await;
+    let work = chat(Arc::clone(&gateway), api, headers, &body);
+    // A client that leaves cancels its request: the work, with its upstream call, is dropped, as
+    // hyper's own read would have done (see `http_serve`). Its journaled turn stays.
+    let answered = match client {
+        Some(client) => tokio::select! {
+            biased;
+            answered = work => Some(answered),
+            () = client.hung_up() => None,
+        },
+        None => Some(work.await),
+    };
     gateway.body_buffers.give_back(body);
     match answered {
-        Ok(response) => response,
-        Err(error) => error.into_response_for(api),
+        Some(Ok(response)) => response,
+        Some(Err(error)) => error.into_response_for(api),
+        None => client_left(),
     }
+}
+
+/// The answer to a request whose client closed its side of the connection before the answer: no
+/// one reads it when the client has gone; one that only half-closed learns why.
+fn client_left() -> Response {
+    tracing::debug!("the client closed its connection before the answer; its request was cancelled");
+    let mut response = (
+        StatusCode::from_u16(499).unwrap_or(StatusCode::BAD_REQUEST),
+        "the client closed its connection before the answer; the request was cancelled",
+    )
+        .into_response();
+    response.headers_mut().insert(header::CONNECTION, HeaderValue::from_static("close"));
+    response
 }
 
 async fn openai_chat(State(gateway): State<Arc<Gateway>>, request: Request) -> Response {

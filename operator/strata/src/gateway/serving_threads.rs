@@ -136,7 +136,8 @@ pub fn start(
                 let _ended = ended_sender;
                 SERVING_THREAD.with(|place| place.set(index));
                 runtime.block_on(async move {
-                    super::serve_until(HandedConnections { connections, local }, router, stop).await;
+                    super::http_serve::serve_until(HandedConnections { connections, local }, router, stop)
+                        .await;
                     let _ = served_sender.send(());
                     let _ = released.wait_for(|released| *released).await;
                 });
@@ -149,7 +150,7 @@ pub fn start(
     let own = HandedConnections { connections: first_share, local };
     let tasks = vec![
         tokio::spawn(hand_out(listener, shares, stop.clone())),
-        tokio::spawn(super::serve_until(own, router.clone(), stop.clone())),
+        tokio::spawn(super::http_serve::serve_until(own, router.clone(), stop.clone())),
     ];
     Ok((tasks, threads))
 }
