@@ -216,7 +216,7 @@ async fn bind(address: SocketAddr) -> Result<TcpListener, StartError> {
 }
 
 /// Serves `router` on `listener` until `stop`. Accepted connections send without Nagle's delay
-/// (`TCP_NODELAY`, which axum leaves off): a streamed answer is many small writes, and with Nagle
+/// (`TCP_NODELAY`, which hyper leaves off): a streamed answer is many small writes, and with Nagle
 /// each waits for the client's acknowledgement of the last, which a client may delay by 40 ms.
 fn serve(listener: TcpListener, router: axum::Router, stop: watch::Receiver<bool>) -> JoinHandle<()> {
     let listener = listener.tap_io(|connection| send_without_delay(connection));

@@ -33,7 +33,7 @@ pub fn current() -> usize {
 /// An accepted connection on its way to a serving thread, and its peer.
 type Handed = (std::net::TcpStream, SocketAddr);
 
-/// The connections handed to one serving thread, as axum's server takes them.
+/// The connections handed to one serving thread, as the server loop (`http_serve`) takes them.
 struct HandedConnections {
     connections: mpsc::UnboundedReceiver<Handed>,
     local: SocketAddr,
