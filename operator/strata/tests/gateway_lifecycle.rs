@@ -326,6 +326,15 @@ async fn bad_input_and_upstream_failures_answer_in_the_providers_shape() {
     assert_eq!(health.status(), 200);
     let ready = client.get(gateway.url("/readyz")).send().await.unwrap();
     assert_eq!(ready.status(), 200);
+
+    // Chat requests are served before the router; other methods and near paths still reach it.
+    for path in [CHAT, "/v1/messages"] {
+        let wrong_method = client.get(gateway.url(path)).send().await.unwrap();
+        assert_eq!(wrong_method.status(), 405, "GET {path}");
+        assert_eq!(wrong_method.headers()["allow"], "POST", "GET {path}");
+    }
+    let near_path = client.post(gateway.url("/v1/chat/completions/")).json(&user("x")).send().await.unwrap();
+    assert_eq!(near_path.status(), 404);
 }
 
 #[tokio::test]

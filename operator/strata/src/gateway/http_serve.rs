@@ -22,6 +22,8 @@ use tokio::net::TcpStream;
 use tokio::sync::watch;
 use tokio_util::task::TaskTracker;
 
+use super::routes::Switch;
+
 /// A second handle to a client's connection, to see the client leave while its request is served.
 ///
 /// It is a duplicate of the connection's descriptor, registered with the serving thread's runtime
@@ -62,9 +64,9 @@ impl ClientConnection {
     }
 }
 
-/// Serves `router` on `listener` on the caller's runtime until `stop`, then until the connections
+/// Serves `routes` on `listener` on the caller's runtime until `stop`, then until the connections
 /// it accepted are closed (each finishes the request it is serving).
-pub async fn serve_until<L>(mut listener: L, router: axum::Router, mut stop: watch::Receiver<bool>)
+pub async fn serve_until<L>(mut listener: L, routes: Switch, mut stop: watch::Receiver<bool>)
 where
     L: axum::serve::Listener<Io = TcpStream, Addr = SocketAddr>,
 {
@@ -75,12 +77,12 @@ where
             _ = stop.wait_for(|stopped| *stopped) => break,
         };
         let client = ClientConnection::of(&stream, peer);
-        let router = router.clone();
+        let routes = routes.clone();
         let service = hyper::service::service_fn(move |mut request: hyper::Request<Incoming>| {
             if let Some(client) = &client {
                 request.extensions_mut().insert(client.clone());
             }
-            tower::ServiceExt::oneshot(router.clone(), request.map(axum::body::Body::new))
+            routes.serve(request.map(axum::body::Body::new))
         });
         let mut stop = stop.clone();
         connections.spawn(async move {

@@ -22,6 +22,7 @@ mod proposals;
 pub(crate) mod provider;
 mod reporter;
 mod response_cache;
+mod routes;
 mod schema_retry;
 mod server;
 mod serving_threads;
@@ -39,6 +40,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use axum::serve::ListenerExt;
+use routes::{Routes, Switch};
 use tokio::net::{TcpListener, TcpSocket};
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
@@ -215,12 +217,12 @@ async fn bind(address: SocketAddr) -> Result<TcpListener, StartError> {
     socket.listen(LISTEN_BACKLOG).map_err(refused)
 }
 
-/// Serves `router` on `listener` until `stop`. Accepted connections send without Nagle's delay
+/// Serves `routes` on `listener` until `stop`. Accepted connections send without Nagle's delay
 /// (`TCP_NODELAY`, which hyper leaves off): a streamed answer is many small writes, and with Nagle
 /// each waits for the client's acknowledgement of the last, which a client may delay by 40 ms.
-fn serve(listener: TcpListener, router: axum::Router, stop: watch::Receiver<bool>) -> JoinHandle<()> {
+fn serve(listener: TcpListener, routes: Switch, stop: watch::Receiver<bool>) -> JoinHandle<()> {
     let listener = listener.tap_io(|connection| send_without_delay(connection));
-    tokio::spawn(http_serve::serve_until(listener, router, stop))
+    tokio::spawn(http_serve::serve_until(listener, routes, stop))
 }
 
 /// Turns Nagle's delay off on an accepted connection (see [`serve`]); a failure only costs latency.
@@ -256,8 +258,8 @@ pub async fn start_on(
                 assemble(args, &storage, settings, metrics, None, &aside).map_err(|error| *error)?;
             last_good.save(&bytes);
             let switches = (
-                unconfigured::Switch::new(server::router(Arc::clone(&gateway))),
-                unconfigured::Switch::new(server::metrics_router(Arc::clone(&gateway))),
+                Switch::new(Routes::api(&gateway)),
+                Switch::new(Routes::router(server::metrics_router(Arc::clone(&gateway)))),
             );
             spawn_background(args, &gateway, (last_good, Some(bytes)), &background);
             switches
@@ -270,8 +272,8 @@ pub async fn start_on(
             let gateway =
                 assemble(args, &storage, settings, metrics, Some(problem), &aside).map_err(|error| *error)?;
             let switches = (
-                unconfigured::Switch::new(server::router(Arc::clone(&gateway))),
-                unconfigured::Switch::new(server::metrics_router(Arc::clone(&gateway))),
+                Switch::new(Routes::api(&gateway)),
+                Switch::new(Routes::router(server::metrics_router(Arc::clone(&gateway)))),
             );
             spawn_background(args, &gateway, (last_good, None), &background);
             switches
@@ -279,8 +281,8 @@ pub async fn start_on(
         config::Startup::Unusable(error) => {
             let waiting = unconfigured::Waiting::new(&args.config, &error, metrics.clone());
             let switches = (
-                unconfigured::Switch::new(unconfigured::api_router(waiting.clone())),
-                unconfigured::Switch::new(unconfigured::metrics_router(waiting.clone())),
+                Switch::new(Routes::router(unconfigured::api_router(waiting.clone()))),
+                Switch::new(Routes::router(unconfigured::metrics_router(waiting.clone()))),
             );
             let (api, metrics_port) = (switches.0.clone(), switches.1.clone());
             let (args, storage, tasks) = (args.clone(), Arc::clone(&storage), Arc::clone(&background));
@@ -290,8 +292,8 @@ pub async fn start_on(
                 match assemble(&args, &storage, settings, metrics, None, &aside) {
                     Ok(gateway) => {
                         last_good.save(&bytes);
-                        api.replace(server::router(Arc::clone(&gateway)));
-                        metrics_port.replace(server::metrics_router(Arc::clone(&gateway)));
+                        api.replace(Routes::api(&gateway));
+                        metrics_port.replace(Routes::router(server::metrics_router(Arc::clone(&gateway))));
                         spawn_background(&args, &gateway, (last_good, Some(bytes)), &tasks);
                         tracing::info!("strata gateway ready");
                     }
@@ -313,12 +315,12 @@ pub async fn start_on(
         .map_err(|cause| StartError::Bind { address: args.metrics_listen, cause })?;
     let (mut tasks, serving_threads) = serving_threads::start(
         api,
-        &api_switch.router(),
+        &api_switch,
         &stop,
         usize::from(args.worker_threads),
         blocking_threads_per_runtime(args.worker_threads),
     )?;
-    tasks.push(serve(metrics_listener, metrics_switch.router(), stop));
+    tasks.push(serve(metrics_listener, metrics_switch, stop));
     tracing::info!(%address, %metrics_address, serving_threads = args.worker_threads, "strata gateway listening");
     Ok(RunningGateway {
         address,

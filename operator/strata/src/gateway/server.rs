@@ -200,7 +200,8 @@ async fn drain(mut stream: axum::body::BodyDataStream) {
     .await;
 }
 
-async fn serve_chat(gateway: Arc<Gateway>, api: Api, request: Request) -> Response {
+/// Serves one chat request on `api` (`routes::Routes` hands chat requests here before the router).
+pub(super) async fn serve_chat(gateway: Arc<Gateway>, api: Api, request: Request) -> Response {
     let client = request.extensions().get::<ClientConnection>().cloned();
     let (headers, body) = match read_body(&gateway, request).await {
         Ok(read) => read,

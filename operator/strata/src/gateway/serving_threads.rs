@@ -13,7 +13,7 @@
 use std::cell::Cell;
 use std::net::SocketAddr;
 
-use axum::Router;
+use super::routes::Switch;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{mpsc, oneshot, watch};
 use tokio::task::JoinHandle;
@@ -104,12 +104,12 @@ pub struct SpawnError {
     pub cause: std::io::Error,
 }
 
-/// Serves `router` on `listener` with `count` serving threads until `stop`: the caller's runtime
+/// Serves `routes` on `listener` with `count` serving threads until `stop`: the caller's runtime
 /// accepts and serves its share (the returned tasks), and `count - 1` threads, each with a
 /// single-threaded runtime of at most `max_blocking` blocking threads, serve theirs.
 pub fn start(
     listener: TcpListener,
-    router: &Router,
+    routes: &Switch,
     stop: &watch::Receiver<bool>,
     count: usize,
     max_blocking: usize,
@@ -129,14 +129,14 @@ pub fn start(
         let (share, connections) = mpsc::unbounded_channel();
         let (served_sender, served) = oneshot::channel();
         let (ended_sender, ended) = oneshot::channel::<()>();
-        let (router, stop, mut released) = (router.clone(), stop.clone(), released.clone());
+        let (routes, stop, mut released) = (routes.clone(), stop.clone(), released.clone());
         std::thread::Builder::new()
             .name(format!("strata-serve-{index}"))
             .spawn(move || {
                 let _ended = ended_sender;
                 SERVING_THREAD.with(|place| place.set(index));
                 runtime.block_on(async move {
-                    super::http_serve::serve_until(HandedConnections { connections, local }, router, stop)
+                    super::http_serve::serve_until(HandedConnections { connections, local }, routes, stop)
                         .await;
                     let _ = served_sender.send(());
                     let _ = released.wait_for(|released| *released).await;
@@ -150,7 +150,7 @@ pub fn start(
     let own = HandedConnections { connections: first_share, local };
     let tasks = vec![
         tokio::spawn(hand_out(listener, shares, stop.clone())),
-        tokio::spawn(super::http_serve::serve_until(own, router.clone(), stop.clone())),
+        tokio::spawn(super::http_serve::serve_until(own, routes.clone(), stop.clone())),
     ];
     Ok((tasks, threads))
 }
@@ -201,7 +201,10 @@ mod tests {
     use std::sync::{Arc, Mutex};
     use std::time::Duration;
 
+    use axum::Router;
     use axum::routing::get;
+
+    use crate::gateway::routes::Routes;
 
     use super::*;
 
@@ -227,7 +230,8 @@ mod tests {
             let router = Router::new()
                 .route("/", get(|| async { format!("{} {:?}", current(), std::thread::current().name()) }));
             let (stop_sender, stop) = watch::channel(false);
-            let (tasks, mut threads) = start(listener, &router, &stop, 3, 2).unwrap();
+            let (tasks, mut threads) =
+                start(listener, &Switch::new(Routes::router(router)), &stop, 3, 2).unwrap();
             let mut answers = Vec::new();
             for _ in 0..6 {
                 answers.push(tokio::task::spawn_blocking(move || get_root(address)).await.unwrap());
@@ -270,7 +274,8 @@ mod tests {
                 }),
             );
             let (stop_sender, stop) = watch::channel(false);
-            let (tasks, mut threads) = start(listener, &router, &stop, 2, 2).unwrap();
+            let (tasks, mut threads) =
+                start(listener, &Switch::new(Routes::router(router)), &stop, 2, 2).unwrap();
             assert_eq!(tokio::task::spawn_blocking(move || get_root(address)).await.unwrap(), "0");
             assert_eq!(tokio::task::spawn_blocking(move || get_root(address)).await.unwrap(), "1");
             stop_sender.send(true).unwrap();

@@ -1,19 +1,18 @@
 //! The gateway before it has a usable gateway.json: up but not ready, every answer naming the file
 //! and its error (provider requests get a 503 in their provider's shape), while the file is polled
-//! until it loads; and the router switch that then puts the real gateway on the same listeners.
+//! until it loads (`routes::Switch` then puts the real gateway on the same listeners).
 
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, RwLock};
 
 use axum::Router;
-use axum::extract::{Request, State};
+use axum::extract::State;
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use serde_json::json;
 use strata_api::gateway_config::GatewayConfig;
 use strata_core::session::turn::Api;
-use tower::ServiceExt;
 
 use super::config::{ConfigError, RELOAD_POLL_INTERVAL, Settings};
 use super::errors::{GatewayError, json_response};
@@ -139,41 +138,4 @@ async fn metrics(State(waiting): State<Waiting>) -> Response {
         .headers_mut()
         .insert(header::CONTENT_TYPE, HeaderValue::from_static("text/plain; version=0.0.4"));
     response
-}
-
-/// A router whose routes can be replaced while its listener keeps serving.
-#[derive(Clone)]
-pub struct Switch {
-    current: Arc<RwLock<Router>>,
-}
-
-impl Switch {
-    /// Serving `router` first.
-    pub fn new(router: Router) -> Self {
-        Switch { current: Arc::new(RwLock::new(router)) }
-    }
-
-    /// Serve `router` from the next request on.
-    pub fn replace(&self, router: Router) {
-        match self.current.write() {
-            Ok(mut guard) => *guard = router,
-            Err(poisoned) => *poisoned.into_inner() = router,
-        }
-    }
-
-    fn get(&self) -> Router {
-        match self.current.read() {
-            Ok(guard) => guard.clone(),
-            Err(poisoned) => poisoned.into_inner().clone(),
-        }
-    }
-
-    /// The router to serve: every request goes to the routes in force when it arrives.
-    pub fn router(&self) -> Router {
-        let switch = self.clone();
-        Router::new().fallback_service(tower::service_fn(move |request: Request| {
-            let router = switch.get();
-            async move { router.oneshot(request).await }
-        }))
-    }
 }
