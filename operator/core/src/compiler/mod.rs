@@ -448,9 +448,7 @@ impl ContextCompiler {
         limit: u64,
         policy: BudgetPolicy,
     ) -> Result<Packet<'a>, CompileError> {
-        let telemetry_estimate = render::TELEMETRY_TOKENS;
-        let budget = ContextBudget::new(limit, self.context_tokens() + telemetry_estimate, policy)?;
-        let status = budget.status();
+        let status = self.status(limit, policy)?;
         Ok(Packet {
             prefix: &self.prefix,
             entries: &self.rendered,
@@ -464,6 +462,12 @@ impl ContextCompiler {
             status,
             tier2: self.tier2,
         })
+    }
+
+    /// The context status a [`Self::compile`] now would report, without compiling the packet.
+    pub fn status(&self, limit: u64, policy: BudgetPolicy) -> Result<ContextStatus, CompileError> {
+        let telemetry_estimate = render::TELEMETRY_TOKENS;
+        Ok(ContextBudget::new(limit, self.context_tokens() + telemetry_estimate, policy)?.status())
     }
 
     fn breakpoints(&self) -> Vec<Breakpoint> {

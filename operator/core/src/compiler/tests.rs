@@ -90,6 +90,8 @@ fn packet_has_tiers_in_order_with_visible_ids() {
     let expected = compiler.context_tokens() + render::TELEMETRY_TOKENS;
     assert_eq!(packet.status.tokens, expected);
     assert_eq!(packet.breakpoints, vec![Breakpoint::Tier1, Breakpoint::Entry { id: entries[5].id }]);
+    // The status alone, as admission reads it, is the packet's.
+    assert_eq!(compiler.status(128_000, BudgetPolicy::default()).unwrap(), packet.status);
 }
 
 #[test]

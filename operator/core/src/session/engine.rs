@@ -1520,7 +1520,7 @@ impl SessionEngine {
 
     /// The context status now.
     pub fn status(&self, settings: &SessionSettings) -> Result<ContextStatus, EngineError> {
-        Ok(self.compiler.compile(self.journal.entries(), settings.limit, settings.budget)?.status)
+        Ok(self.compiler.status(settings.limit, settings.budget)?)
     }
 
     /// Seed-000 admission of an operation adding `request.estimated_tokens` to the context.
