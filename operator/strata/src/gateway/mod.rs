@@ -259,7 +259,7 @@ pub async fn start_on(
             last_good.save(&bytes);
             let switches = (
                 Switch::new(Routes::api(&gateway)),
-                Switch::new(Routes::router(server::metrics_router(Arc::clone(&gateway)))),
+                Switch::new(Routes::only(server::metrics_router(Arc::clone(&gateway)))),
             );
             spawn_background(args, &gateway, (last_good, Some(bytes)), &background);
             switches
@@ -273,7 +273,7 @@ pub async fn start_on(
                 assemble(args, &storage, settings, metrics, Some(problem), &aside).map_err(|error| *error)?;
             let switches = (
                 Switch::new(Routes::api(&gateway)),
-                Switch::new(Routes::router(server::metrics_router(Arc::clone(&gateway)))),
+                Switch::new(Routes::only(server::metrics_router(Arc::clone(&gateway)))),
             );
             spawn_background(args, &gateway, (last_good, None), &background);
             switches
@@ -281,8 +281,8 @@ pub async fn start_on(
         config::Startup::Unusable(error) => {
             let waiting = unconfigured::Waiting::new(&args.config, &error, metrics.clone());
             let switches = (
-                Switch::new(Routes::router(unconfigured::api_router(waiting.clone()))),
-                Switch::new(Routes::router(unconfigured::metrics_router(waiting.clone()))),
+                Switch::new(Routes::only(unconfigured::api_router(waiting.clone()))),
+                Switch::new(Routes::only(unconfigured::metrics_router(waiting.clone()))),
             );
             let (api, metrics_port) = (switches.0.clone(), switches.1.clone());
             let (args, storage, tasks) = (args.clone(), Arc::clone(&storage), Arc::clone(&background));
@@ -293,7 +293,7 @@ pub async fn start_on(
                     Ok(gateway) => {
                         last_good.save(&bytes);
                         api.replace(Routes::api(&gateway));
-                        metrics_port.replace(Routes::router(server::metrics_router(Arc::clone(&gateway))));
+                        metrics_port.replace(Routes::only(server::metrics_router(Arc::clone(&gateway))));
                         spawn_background(&args, &gateway, (last_good, Some(bytes)), &tasks);
                         tracing::info!("strata gateway ready");
                     }

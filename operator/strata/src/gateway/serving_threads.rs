@@ -231,7 +231,7 @@ mod tests {
                 .route("/", get(|| async { format!("{} {:?}", current(), std::thread::current().name()) }));
             let (stop_sender, stop) = watch::channel(false);
             let (tasks, mut threads) =
-                start(listener, &Switch::new(Routes::router(router)), &stop, 3, 2).unwrap();
+                start(listener, &Switch::new(Routes::only(router)), &stop, 3, 2).unwrap();
             let mut answers = Vec::new();
             for _ in 0..6 {
                 answers.push(tokio::task::spawn_blocking(move || get_root(address)).await.unwrap());
@@ -275,7 +275,7 @@ mod tests {
             );
             let (stop_sender, stop) = watch::channel(false);
             let (tasks, mut threads) =
-                start(listener, &Switch::new(Routes::router(router)), &stop, 2, 2).unwrap();
+                start(listener, &Switch::new(Routes::only(router)), &stop, 2, 2).unwrap();
             assert_eq!(tokio::task::spawn_blocking(move || get_root(address)).await.unwrap(), "0");
             assert_eq!(tokio::task::spawn_blocking(move || get_root(address)).await.unwrap(), "1");
             stop_sender.send(true).unwrap();
