@@ -21,6 +21,7 @@ use strata_core::session::turn::Api;
 use tower::ServiceExt;
 
 use super::pipeline::Gateway;
+use super::provider::adapter;
 use super::server;
 
 /// The answer to one request, as [`Routes::serve`] gives it.
@@ -62,13 +63,9 @@ impl Routes {
     }
 }
 
-/// The provider API a chat path speaks; `None` for any other path.
+/// The provider API whose chat path (its adapter's `client_path`) is `path`; `None` for any other.
 fn chat_api(path: &str) -> Option<Api> {
-    match path {
-        "/v1/chat/completions" => Some(Api::OpenAi),
-        "/v1/messages" => Some(Api::Anthropic),
-        _ => None,
-    }
+    [Api::OpenAi, Api::Anthropic].into_iter().find(|api| adapter(*api).client_path() == path)
 }
 
 /// Routes that can be replaced while their listener keeps serving: every request goes to the

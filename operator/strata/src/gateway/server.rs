@@ -14,6 +14,7 @@ use serde_json::{Value, json};
 use super::errors::{GatewayError, json_response};
 use super::http_serve::ClientConnection;
 use super::pipeline::{Gateway, chat};
+use super::provider::adapter;
 use strata_core::session::CompactionAsk;
 use strata_core::session::turn::Api;
 
@@ -23,8 +24,8 @@ const DEFAULT_INSPECT_LIMIT: usize = 10;
 /// The API router.
 pub fn router(gateway: Arc<Gateway>) -> Router {
     Router::new()
-        .route("/v1/chat/completions", post(openai_chat))
-        .route("/v1/messages", post(anthropic_chat))
+        .route(adapter(Api::OpenAi).client_path(), post(openai_chat))
+        .route(adapter(Api::Anthropic).client_path(), post(anthropic_chat))
         .route("/v1/models", get(models))
         .route("/healthz", get(healthz))
         .route("/readyz", get(readyz))
