@@ -78,11 +78,8 @@ where
         };
         let client = ClientConnection::of(&stream, peer);
         let routes = routes.clone();
-        let service = hyper::service::service_fn(move |mut request: hyper::Request<Incoming>| {
-            if let Some(client) = &client {
-                request.extensions_mut().insert(client.clone());
-            }
-            routes.serve(request.map(axum::body::Body::new))
+        let service = hyper::service::service_fn(move |request: hyper::Request<Incoming>| {
+            routes.serve(request.map(axum::body::Body::new), client.as_ref())
         });
         let mut stop = stop.clone();
         connections.spawn(async move {

@@ -20,6 +20,7 @@ use axum::response::Response;
 use strata_core::session::turn::Api;
 use tower::ServiceExt;
 
+use super::http_serve::ClientConnection;
 use super::pipeline::Gateway;
 use super::provider::adapter;
 use super::server;
@@ -45,13 +46,14 @@ impl Routes {
         Routes { router, chat: None }
     }
 
-    /// Answers `request`: a chat request by the chat handler, anything else by the router.
-    pub fn serve(self, request: Request) -> Answering {
+    /// Answers `request`, which came on `client`'s connection: a chat request by the chat handler,
+    /// anything else by the router.
+    pub fn serve(self, request: Request, client: Option<&ClientConnection>) -> Answering {
         if let Some(gateway) = self.chat
             && request.method() == Method::POST
             && let Some(api) = chat_api(request.uri().path())
         {
-            return Box::pin(server::serve_chat(gateway, api, request));
+            return Box::pin(server::serve_chat(gateway, api, request, client.cloned()));
         }
         let router = self.router;
         Box::pin(async move {
@@ -97,9 +99,13 @@ impl Switch {
         }
     }
 
-    /// Answers `request` with the routes in force now.
-    pub fn serve(&self, request: Request) -> impl Future<Output = Result<Response, Infallible>> + use<> {
-        let answering = self.current().serve(request);
+    /// Answers `request`, which came on `client`'s connection, with the routes in force now.
+    pub fn serve(
+        &self,
+        request: Request,
+        client: Option<&ClientConnection>,
+    ) -> impl Future<Output = Result<Response, Infallible>> + use<> {
+        let answering = self.current().serve(request, client);
         async move { Ok(answering.await) }
     }
 }

@@ -201,9 +201,14 @@ async fn drain(mut stream: axum::body::BodyDataStream) {
     .await;
 }
 
-/// Serves one chat request on `api` (`routes::Routes` hands chat requests here before the router).
-pub(super) async fn serve_chat(gateway: Arc<Gateway>, api: Api, request: Request) -> Response {
-    let client = request.extensions().get::<ClientConnection>().cloned();
+/// Serves one chat request on `api` (`routes::Routes` hands chat requests here before the router);
+/// `client` watches its connection for the client's hang-up, when it can be watched.
+pub(super) async fn serve_chat(
+    gateway: Arc<Gateway>,
+    api: Api,
+    request: Request,
+    client: Option<ClientConnection>,
+) -> Response {
     let (headers, body) = match read_body(&gateway, request).await {
         Ok(read) => read,
         Err(error) => return error.into_response_for(api),
@@ -240,12 +245,15 @@ fn client_left() -> Response {
     response
 }
 
+// The router's own chat handlers answer only when it is served without `Routes::api` in front,
+// which takes chat requests first with the connection's hang-up watch; here none is watched. On the
+// API listener they are never reached for `POST`, and other methods on the chat paths get 405.
 async fn openai_chat(State(gateway): State<Arc<Gateway>>, request: Request) -> Response {
-    serve_chat(gateway, Api::OpenAi, request).await
+    serve_chat(gateway, Api::OpenAi, request, None).await
 }
 
 async fn anthropic_chat(State(gateway): State<Arc<Gateway>>, request: Request) -> Response {
-    serve_chat(gateway, Api::Anthropic, request).await
+    serve_chat(gateway, Api::Anthropic, request, None).await
 }
 
 fn provider_api(gateway: &Gateway) -> Api {
