@@ -6,9 +6,10 @@ use std::sync::Arc;
 
 use strata_core::entry::{Content, EntryDraft, EntryId, EntryKind, RetentionClass, Role};
 use strata_core::journal::sim::SimStorage;
+use strata_core::journal::sim::{Fault, OpKind};
 use strata_core::journal::{
     BaselineEntry, CompactionProposal, GenerationOrigin, Journal, JournalError, JournalOptions, Storage,
-    propose_compaction, read_current_generation, read_generation,
+    proposal_waiting, propose_compaction, read_current_generation, read_generation,
 };
 
 const DIR: &str = "/data";
@@ -132,6 +133,42 @@ fn out_of_process_proposal_is_committed_once_by_the_writer() {
     assert_eq!(ids, ["summary_4", "msg_3"]);
     assert_eq!(journal.refresh().unwrap(), None);
     assert!(sim.list_dir(Path::new("/data/proposals")).unwrap().is_empty());
+}
+
+/// A gateway refreshes every second: with no proposal waiting, a refresh only looks, and a poller
+/// can tell whether one waits without the writer.
+#[test]
+fn a_refresh_with_no_proposal_waiting_fsyncs_nothing() {
+    let sim = SimStorage::new();
+    let mut journal = open(&sim, 2);
+    journal.append(draft(EntryKind::Message, "a", 1)).unwrap();
+    assert!(!proposal_waiting(&sim, Path::new(DIR)).unwrap(), "no proposals directory yet");
+    let snapshot = read_current_generation(&sim, Path::new(DIR)).unwrap().snapshot();
+    let proposal = CompactionProposal {
+        generation: snapshot.generation,
+        watermark: snapshot.watermark,
+        baseline: vec![BaselineEntry::New(draft(EntryKind::Summary, "a", 1))],
+        created_at_ms: 9,
+    };
+    propose_compaction(&sim, Path::new(DIR), &proposal).unwrap();
+    assert!(proposal_waiting(&sim, Path::new(DIR)).unwrap());
+
+    let count_directory_fsyncs = Fault { kind: Some(OpKind::DirFsync), nth: u64::MAX, then_crash: false };
+    sim.set_fault(Some(count_directory_fsyncs));
+    assert!(journal.refresh().unwrap().is_some());
+    assert!(sim.counted_ops() > 0, "the commit and the proposal's removal are made durable");
+    assert!(!proposal_waiting(&sim, Path::new(DIR)).unwrap(), "the directory is left, empty");
+
+    sim.set_fault(Some(count_directory_fsyncs));
+    for _ in 0..3 {
+        assert_eq!(journal.refresh().unwrap(), None);
+    }
+    assert_eq!(sim.counted_ops(), 0, "nothing waited, so nothing was fsynced");
+
+    sim.write_file(&Path::new(DIR).join("proposals/compaction-x.json.tmp"), b"{").unwrap();
+    assert!(!proposal_waiting(&sim, Path::new(DIR)).unwrap(), "one still being written is not waiting");
+    assert_eq!(journal.refresh().unwrap(), None);
+    assert!(sim.exists(&Path::new(DIR).join("proposals/compaction-x.json.tmp")).unwrap(), "left alone");
 }
 
 #[test]

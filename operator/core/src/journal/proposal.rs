@@ -75,24 +75,41 @@ pub fn propose_compaction(
     Ok(path)
 }
 
+/// The names of the proposals waiting in `proposals` (a directory that may not exist), sorted;
+/// a `.tmp` is one another process is still writing, left to its rename.
+fn waiting_names(storage: &dyn Storage, proposals: &Path) -> Result<Vec<String>, JournalError> {
+    let io = JournalError::io;
+    if !storage.exists(proposals).map_err(io("stat", proposals))? {
+        return Ok(Vec::new());
+    }
+    let mut names = storage.list_dir(proposals).map_err(io("list", proposals))?;
+    names.retain(|name| !name.ends_with(".tmp"));
+    names.sort();
+    Ok(names)
+}
+
+/// Whether a proposal waits in data directory `dir` for [`Journal::refresh`]: a stat, and a listing
+/// once the directory exists, made without the writer, so a process that polls for proposals
+/// takes the writer only when there is one.
+pub fn proposal_waiting(storage: &dyn Storage, dir: &Path) -> Result<bool, JournalError> {
+    Ok(!waiting_names(storage, &dir.join(PROPOSALS))?.is_empty())
+}
+
 impl Journal {
     /// Commits a pending proposal for the current generation, if any, and discards stale ones
-    /// (computed from an older generation or from entries that did not survive a crash).
+    /// (computed from an older generation or from entries that did not survive a crash). With none
+    /// waiting it only looks: the directory is fsynced after a removal, not on every call (a
+    /// gateway refreshes every second).
     pub fn refresh(&mut self) -> Result<Option<GenerationSwitch>, JournalError> {
         let storage = Arc::clone(self.storage());
         let io = JournalError::io;
         let proposals = Layout::new(self.dir()).root().join(PROPOSALS);
-        if !storage.exists(&proposals).map_err(io("stat", &proposals))? {
+        let names = waiting_names(storage.as_ref(), &proposals)?;
+        if names.is_empty() {
             return Ok(None);
         }
-        let mut names = storage.list_dir(&proposals).map_err(io("list", &proposals))?;
-        names.sort();
         let mut switch = None;
         for name in names {
-            // A `.tmp` is a proposal another process is still writing: leave it to its rename.
-            if name.ends_with(".tmp") {
-                continue;
-            }
             let path = proposals.join(&name);
             let wanted = switch.is_none() && name == proposal_name(self.generation());
             if wanted {
