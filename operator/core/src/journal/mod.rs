@@ -25,7 +25,7 @@ mod writer;
 pub use error::JournalError;
 pub use layout::{GenerationOrigin, Manifest, Watermark, generation_dir_name};
 pub use owner::{Binding, Claimant, JournalOwner, OWNER_FILE, OwnerError, bind_owner, read_owner};
-pub use proposal::{CompactionProposal, proposal_waiting, propose_compaction};
+pub use proposal::{CompactionProposal, propose_compaction};
 pub use reader::{JournalView, read_current_generation, read_generation};
 pub use record::{FORMAT_VERSION, TornTail};
 pub use storage::{AppendHandle, LockGuard, LockOutcome, SharedSync, StdStorage, Storage};

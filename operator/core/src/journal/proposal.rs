@@ -88,13 +88,6 @@ fn waiting_names(storage: &dyn Storage, proposals: &Path) -> Result<Vec<String>,
     Ok(names)
 }
 
-/// Whether a proposal waits in data directory `dir` for [`Journal::refresh`]: a stat, and a listing
-/// once the directory exists, made without the writer, so a process that polls for proposals
-/// takes the writer only when there is one.
-pub fn proposal_waiting(storage: &dyn Storage, dir: &Path) -> Result<bool, JournalError> {
-    Ok(!waiting_names(storage, &dir.join(PROPOSALS))?.is_empty())
-}
-
 impl Journal {
     /// Commits a pending proposal for the current generation, if any, and discards stale ones
     /// (computed from an older generation or from entries that did not survive a crash). With none

@@ -30,7 +30,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError, TryLockError};
 use std::time::Instant;
 
-use strata_core::journal::{JournalError, Storage, proposal_waiting};
+use strata_core::journal::{JournalError, Storage};
 use strata_core::session::{CompactionOutcome, DurableTarget, EngineError, SessionEngine, now_ms};
 use tokio_util::task::TaskTracker;
 
@@ -309,29 +309,6 @@ impl EngineHost {
             self.unload(&mut slot, cause.clone());
         }
         GatewayError::EngineUnavailable { cause, reason: RELOAD_REASON.into() }
-    }
-
-    /// Whether the engine is loaded; one in use counts as loaded. Never waits for its lock.
-    pub fn is_loaded(&self) -> bool {
-        match self.slot.try_lock() {
-            Ok(slot) => slot.engine.is_some(),
-            Err(TryLockError::WouldBlock) => true,
-            Err(TryLockError::Poisoned(_)) => false,
-        }
-    }
-
-    /// Whether a compaction proposal waits beside the journal, checked on the blocking pool
-    /// without the engine.
-    pub async fn proposal_waiting(&self) -> Result<bool, GatewayError> {
-        let (storage, dir) = (Arc::clone(&self.storage), self.data_dir.clone());
-        self.aside
-            .spawn_blocking(move || proposal_waiting(storage.as_ref(), &dir))
-            .await
-            .map_err(|join| GatewayError::EngineUnavailable {
-                cause: format!("the proposal check failed: {join}"),
-                reason: RELOAD_REASON.into(),
-            })?
-            .map_err(|error| GatewayError::Engine(EngineError::Journal(error)))
     }
 
     /// Times the engine was reloaded from the journal.

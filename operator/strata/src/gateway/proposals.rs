@@ -16,13 +16,6 @@ pub async fn watch(gateway: Arc<Gateway>) {
     let mut last_error = String::new();
     loop {
         ticks.tick().await;
-        // With no proposal waiting the engine is left to the requests: taking it every second made
-        // a request that arrived meanwhile wait, or go to the blocking pool. An engine that is not
-        // loaded (after a storage fault) is still reloaded here.
-        if matches!(gateway.engine.proposal_waiting().await, Ok(false)) && gateway.engine.is_loaded() {
-            last_error.clear();
-            continue;
-        }
         let settings = gateway.live.get();
         let applied = gateway
             .with_engine(move |engine| {
