@@ -129,14 +129,16 @@ pub fn allocate(
     used: SectionTokens,
 ) -> Vec<StageUsage> {
     let reserve = policy.reservations(1);
-    let mut usages = vec![StageUsage {
+    // One allocation of the final size: every request allocates its stages.
+    let mut usages = Vec::with_capacity(Stage::ALL.len());
+    usages.push(StageUsage {
         stage: Stage::OutputReserve,
         ceiling: policy.reserved_completion_tokens,
         allocated: reserve.min(limit),
         used: reserve,
         over: reserve > limit,
         enforcement: Enforcement::ReservedAndClamped,
-    }];
+    });
     let mut remaining = limit.saturating_sub(reserve);
     for (stage, ceiling, used, enforcement) in [
         (Stage::System, stages.system_tokens, used.system, Enforcement::Reported),

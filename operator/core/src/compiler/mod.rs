@@ -193,6 +193,12 @@ impl<'a> Packet<'a> {
     }
 }
 
+/// `tier1.<id>`: how the inspector and each call's summary name Tier-1 section `id`. Written in one
+/// allocation without the formatting machinery, since every request names its sections.
+pub fn tier1_section_id(id: &str) -> String {
+    ["tier1.", id].concat()
+}
+
 /// Included Tier-2 tokens by the budget section they count against, kept up to date as entries are
 /// rendered and treated, so no request has to add them up over the whole history.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -500,7 +506,7 @@ impl ContextCompiler {
         for section in &manifest.sections {
             let (source, trust_class) = section_provenance(section.class);
             decisions.push(InclusionDecision {
-                id: format!("tier1.{}", section.id),
+                id: tier1_section_id(&section.id),
                 tier: 1,
                 included: true,
                 reason: InclusionReason::StablePrefix,

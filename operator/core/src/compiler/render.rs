@@ -31,8 +31,23 @@ pub fn journaled_text(entry: &Entry) -> String {
 
 /// Appends [`journaled_text`] of `entry` to `out`.
 pub fn write_journaled_text(entry: &Entry, out: &mut String) {
+    out.reserve(ID_TAG_ROOM + journal_body_len(entry));
     push_id_tag(entry.id, out);
     append_journal_body(out, entry);
+}
+
+/// Room for any visible ID tag: the brackets, the longest kind's prefix and `_`, and a `u64`'s 20
+/// digits. Reserved with the body, so writing an entry's text grows its buffer once, not per part.
+const ID_TAG_ROOM: usize = 40;
+
+/// The bytes [`append_journal_body`] appends for `entry`.
+fn journal_body_len(entry: &Entry) -> usize {
+    let content = &entry.content;
+    let results = &content.tool_results;
+    if content.text.is_empty() && results.iter().all(|result| result.output.is_empty()) {
+        return 0;
+    }
+    1 + content.text.len() + results.iter().map(|result| 1 + result.output.len()).sum::<usize>()
 }
 
 /// Render `entry` under an optional treatment. An untreated entry keeps no copy of its text
@@ -79,11 +94,11 @@ pub fn render_entry(
 fn append_journal_body(text: &mut String, entry: &Entry) {
     let content = &entry.content;
     let results = &content.tool_results;
-    if content.text.is_empty() && results.iter().all(|result| result.output.is_empty()) {
+    let body_len = journal_body_len(entry);
+    if body_len == 0 {
         return;
     }
-    let body_len = content.text.len() + results.iter().map(|result| 1 + result.output.len()).sum::<usize>();
-    text.reserve_exact(1 + body_len);
+    text.reserve_exact(body_len);
     text.push(' ');
     text.push_str(&content.text);
     let mut started = !content.text.is_empty();

@@ -18,7 +18,7 @@ use crate::budget::{
 use crate::compaction::CompactionMode;
 use crate::compiler::{
     BreakpointPlacement, CompileError, ContextCompiler, InclusionDecision, InclusionReason, Packet,
-    SyncOutcome, Treatment,
+    SyncOutcome, Treatment, tier1_section_id,
 };
 use crate::dedup::{DedupIndex, render_duplicate};
 use crate::delegation::ExpertDigest;
@@ -1631,17 +1631,14 @@ impl SessionEngine {
             Api::OpenAi => render_openai::body(head, &self.tier1, &packet, fragments, assembly, ledger),
             Api::Anthropic => render_anthropic::body(head, &self.tier1, &packet, fragments, assembly, ledger),
         };
-        let mut sections: Vec<SectionSummary> = packet
-            .prefix
-            .manifest()
-            .sections
-            .iter()
-            .map(|section| SectionSummary {
-                id: format!("tier1.{}", section.id),
-                tokens: u64::from(section.tokens),
-                hash: section.source_hash.clone(),
-            })
-            .collect();
+        let tier1 = &packet.prefix.manifest().sections;
+        // Tier 1's sections, then Tier 2 and the telemetry: sized once, as every request builds it.
+        let mut sections: Vec<SectionSummary> = Vec::with_capacity(tier1.len() + 2);
+        sections.extend(tier1.iter().map(|section| SectionSummary {
+            id: tier1_section_id(&section.id),
+            tokens: u64::from(section.tokens),
+            hash: section.source_hash.clone(),
+        }));
         let telemetry_tokens = u64::from(self.telemetry_counts.count(&self.counter, &packet.telemetry));
         let tier2_tokens = self.compiler.context_tokens()
             - self.compiler.volatile_tokens()
