@@ -62,7 +62,30 @@ impl Idle {
 
 /// Where idle connections are kept: the serving thread whose runtime runs the connection's task,
 /// and the host.
-type IdleKey = (usize, String);
+type IdleKey = (usize, Arc<str>);
+
+/// Where a plain-`http` upstream's requests go, worked out once per URL (`upstream.rs` keeps it
+/// with the URL's route): the absolute URL to connect to, the request's origin form, its `Host`
+/// header, and the host the pool keeps connections under.
+#[derive(Debug)]
+pub struct PlainTarget {
+    destination: Uri,
+    origin_form: Uri,
+    host_header: HeaderValue,
+    host: Arc<str>,
+}
+
+impl PlainTarget {
+    /// The target of the absolute `http` URL `destination`; `None` when it names no host that a
+    /// `Host` header can carry.
+    pub fn of(destination: &Uri) -> Option<Self> {
+        let host = host_of(destination)?;
+        let origin_form =
+            Uri::try_from(destination.path_and_query().map_or("/", |path| path.as_str())).ok()?;
+        let host_header = HeaderValue::try_from(host.as_str()).ok()?;
+        Some(Self { destination: destination.clone(), origin_form, host_header, host: host.into() })
+    }
+}
 
 /// The connections to plain-`http` upstreams, idle ones by serving thread and host.
 pub struct PlainHttpPool {
@@ -120,25 +143,19 @@ impl PlainHttpPool {
         })
     }
 
-    /// Sends `request` (an absolute `http` URI) on an idle connection to its host, or on a new one.
-    /// A request that an idle connection could not take (the upstream had closed it) goes on
-    /// another; nothing is sent twice.
+    /// Sends `request` to `target` on an idle connection to its host, or on a new one, in origin
+    /// form with the target's `Host`. A request that an idle connection could not take (the
+    /// upstream had closed it) goes on another; nothing is sent twice.
     pub async fn send(
         self: &Arc<Self>,
         mut request: Request<UpstreamBody>,
+        target: &PlainTarget,
     ) -> Result<(Response<Incoming>, Lease), PlainHttpError> {
-        let destination = request.uri().clone();
-        let host = host_of(&destination)
-            .ok_or_else(|| PlainHttpError::Connect(format!("{destination} names no host")))?;
-        let origin_form = destination.path_and_query().map_or("/", |path| path.as_str());
-        *request.uri_mut() = Uri::try_from(origin_form)
-            .map_err(|error| PlainHttpError::Connect(format!("the path of {destination}: {error}")))?;
+        *request.uri_mut() = target.origin_form.clone();
         if !request.headers().contains_key(header::HOST) {
-            let value = HeaderValue::try_from(host.as_str())
-                .map_err(|error| PlainHttpError::Connect(format!("the host of {destination}: {error}")))?;
-            request.headers_mut().insert(header::HOST, value);
+            request.headers_mut().insert(header::HOST, target.host_header.clone());
         }
-        let key = (super::serving_threads::current(), host);
+        let key = (super::serving_threads::current(), Arc::clone(&target.host));
         while let Some(mut sender) = self.take(&key) {
             // Closed by the upstream while it was idle: nothing was sent on it.
             if sender.ready().await.is_err() {
@@ -152,7 +169,7 @@ impl PlainHttpPool {
                 },
             }
         }
-        let mut sender = self.connect(destination).await?;
+        let mut sender = self.connect(target.destination.clone()).await?;
         match sender.send_request(request).await {
             Ok(response) => Ok((response, self.lease(key, sender))),
             Err(error) => Err(PlainHttpError::Exchange(error_chain(&error))),
@@ -268,6 +285,21 @@ mod tests {
         assert_eq!(host("http://upstream.internal/v1").as_deref(), Some("upstream.internal"));
         assert_eq!(host("http://[::1]:65535/").as_deref(), Some("[::1]:65535"));
         assert_eq!(host("/v1/models"), None, "an origin-form URI names no host");
+        let target = PlainTarget::of(&"http://127.0.0.1:8080/v1/models?limit=1".parse().unwrap()).unwrap();
+        assert_eq!(target.origin_form, "/v1/models?limit=1");
+        assert_eq!(target.host_header, "127.0.0.1:8080");
+        assert_eq!(target.destination, "http://127.0.0.1:8080/v1/models?limit=1");
+        assert!(PlainTarget::of(&"/v1/models".parse().unwrap()).is_none());
+    }
+
+    /// Sends `get(address)` on `pool`.
+    async fn send_get(
+        pool: &Arc<PlainHttpPool>,
+        address: std::net::SocketAddr,
+    ) -> Result<(Response<Incoming>, Lease), PlainHttpError> {
+        let request = get(address);
+        let target = PlainTarget::of(request.uri()).unwrap();
+        pool.send(request, &target).await
     }
 
     fn get(address: std::net::SocketAddr) -> Request<UpstreamBody> {
@@ -294,7 +326,7 @@ mod tests {
         });
         let pool = PlainHttpPool::new(ProxiedConnector::direct(), Duration::from_secs(60));
         for _ in 0..2 {
-            let (response, lease) = pool.send(get(address)).await.unwrap();
+            let (response, lease) = send_get(&pool, address).await.unwrap();
             assert_eq!(read_to_end(response).await, Bytes::from_static(b"{}"));
             lease.give_back();
         }
@@ -319,10 +351,10 @@ mod tests {
             connections
         });
         let pool = PlainHttpPool::new(ProxiedConnector::direct(), Duration::from_secs(60));
-        let (_unread, lease) = pool.send(get(address)).await.unwrap();
+        let (_unread, lease) = send_get(&pool, address).await.unwrap();
         drop(lease);
         assert_eq!(pool.idle_count(), 0, "a connection whose answer was not read is not kept");
-        let (response, lease) = pool.send(get(address)).await.unwrap();
+        let (response, lease) = send_get(&pool, address).await.unwrap();
         assert_eq!(read_to_end(response).await, Bytes::from_static(b"{}"));
         lease.give_back();
         assert_eq!(accepted.await.unwrap(), 2);
@@ -340,11 +372,11 @@ mod tests {
             answer(&mut stream).await
         });
         let pool = PlainHttpPool::new(ProxiedConnector::direct(), Duration::from_secs(60));
-        let (response, lease) = pool.send(get(address)).await.unwrap();
+        let (response, lease) = send_get(&pool, address).await.unwrap();
         read_to_end(response).await;
         lease.give_back();
         tokio::time::sleep(Duration::from_millis(100)).await;
-        let (response, lease) = pool.send(get(address)).await.unwrap();
+        let (response, lease) = send_get(&pool, address).await.unwrap();
         assert_eq!(read_to_end(response).await, Bytes::from_static(b"{}"));
         lease.give_back();
         assert!(
@@ -359,7 +391,7 @@ mod tests {
         let address = unused.local_addr().unwrap();
         drop(unused);
         let pool = PlainHttpPool::new(ProxiedConnector::direct(), Duration::from_secs(60));
-        let refused = pool.send(get(address)).await;
+        let refused = send_get(&pool, address).await;
         assert!(matches!(refused, Err(PlainHttpError::Connect(_))), "{:?}", refused.err());
     }
 }

@@ -24,7 +24,7 @@ use super::connector::{
     ProxiedConnector, UpstreamConnector, certificate_refusal, error_chain, pooled_client, request_failure,
 };
 use super::errors::GatewayError;
-use super::plain_http::{Lease, PlainHttpError, PlainHttpPool};
+use super::plain_http::{Lease, PlainHttpError, PlainHttpPool, PlainTarget};
 use super::provider::adapter_for;
 use strata_core::session::render::body::ChunkedBody;
 
@@ -61,8 +61,12 @@ pub const DEFAULT_MAX_RESPONSE_BYTES: usize = 32 * 1024 * 1024;
 /// `dirty_decay_ms:0` are faulted in on every request (measured at up to 30 µs for 60 KB).
 const WHOLE_BODY_BELOW_BYTES: usize = 14 * 1024;
 
-/// Distinct upstream URLs kept parsed at most (an endpoint changes only with the config).
-const PARSED_URLS_KEPT: usize = 16;
+/// Distinct upstream URLs whose routes are kept at most (an endpoint changes only with the config).
+const ROUTES_KEPT: usize = 16;
+
+/// Why an upstream URL is refused before anything is sent.
+const INVALID_ENDPOINT: &str =
+    "the endpoint is not a valid http or https URL; fix upstream.endpoint in the agent's spec";
 
 /// How long an idle upstream connection is kept open.
 const IDLE_CONNECTION_TIMEOUT: Duration = Duration::from_secs(90);
@@ -195,8 +199,6 @@ pub struct Upstream {
     idle_timeout: Duration,
     read_timeout: Duration,
     max_response_bytes: usize,
-    /// Upstream URLs by their text, parsed once.
-    parsed_urls: Arc<Mutex<HashMap<String, Uri>>>,
 }
 
 impl std::fmt::Debug for Upstream {
@@ -209,13 +211,26 @@ impl std::fmt::Debug for Upstream {
     }
 }
 
-/// A pooled client, the proxy settings its connector was built with, and the connections to a
-/// plain-`http` upstream reached directly.
+/// A pooled client, the proxy settings its connector was built with, the connections to a
+/// plain-`http` upstream reached directly, and the routes of the URLs it was asked for.
 struct Transport {
     client: Client<UpstreamConnector, UpstreamBody>,
     /// The TCP side of the client's connector: which requests go through a proxy.
     proxied: ProxiedConnector,
     plain: Arc<PlainHttpPool>,
+    /// Upstream URLs by their text, each worked out once for this transport's proxy settings.
+    routes: Mutex<HashMap<String, Arc<Route>>>,
+}
+
+/// How requests to one upstream URL are sent, worked out once: the URL parsed, and either what
+/// the plain-`http` connections need (a plain-`http` upstream reached directly) or, for a
+/// plain-`http` request through a proxy with credentials, the proxy's `Proxy-Authorization`.
+/// Every request names its URL, and working this out each time cost a parse, two proxy matches
+/// and several small strings (BENCHMARKS.md).
+struct Route {
+    uri: Uri,
+    plain: Option<PlainTarget>,
+    proxy_authorization: Option<HeaderValue>,
 }
 
 impl Transport {
@@ -230,17 +245,45 @@ impl Transport {
         idle_timeout: Duration,
     ) -> Self {
         let plain = PlainHttpPool::new(proxied.clone(), idle_timeout);
-        Self { client, proxied, plain }
+        Self { client, proxied, plain, routes: Mutex::default() }
     }
 
-    /// Sends `request`: on a plain-`http` connection when the upstream is reached directly over
-    /// `http`, on the pooled client otherwise.
+    /// The route of `url`, from the cache when it was worked out before; `None` if `url` is not an
+    /// absolute http or https URL of a host.
+    fn route(&self, url: &str) -> Option<Arc<Route>> {
+        let mut routes = self.routes.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some(route) = routes.get(url) {
+            return Some(Arc::clone(route));
+        }
+        let uri: Uri = url.parse().ok()?;
+        uri.host()?;
+        let route = match uri.scheme_str() {
+            Some("http") if self.proxied.is_direct(&uri) => {
+                Route { plain: Some(PlainTarget::of(&uri)?), proxy_authorization: None, uri }
+            }
+            Some("http") => {
+                Route { proxy_authorization: self.proxied.proxy_authorization(&uri), plain: None, uri }
+            }
+            Some("https") => Route { plain: None, proxy_authorization: None, uri },
+            _ => return None,
+        };
+        if routes.len() >= ROUTES_KEPT {
+            routes.clear();
+        }
+        let route = Arc::new(route);
+        routes.insert(url.to_owned(), Arc::clone(&route));
+        Some(route)
+    }
+
+    /// Sends `request` by `route`: on a plain-`http` connection when the upstream is reached
+    /// directly over `http`, on the pooled client otherwise.
     async fn send(
         &self,
         request: Request<UpstreamBody>,
+        route: &Route,
     ) -> Result<(axum::http::Response<Incoming>, Option<Lease>), Failure> {
-        if request.uri().scheme_str() == Some("http") && self.proxied.is_direct(request.uri()) {
-            return match self.plain.send(request).await {
+        if let Some(target) = &route.plain {
+            return match self.plain.send(request, target).await {
                 Ok((response, lease)) => Ok((response, Some(lease))),
                 Err(PlainHttpError::Connect(reason)) => Err(Failure { reason, retry: true }),
                 Err(PlainHttpError::Exchange(reason)) => Err(Failure { reason, retry: false }),
@@ -297,7 +340,6 @@ impl Upstream {
             idle_timeout,
             read_timeout,
             max_response_bytes,
-            parsed_urls: Arc::default(),
         })
     }
 
@@ -325,21 +367,16 @@ impl Upstream {
         Arc::clone(&self.transport.read().unwrap_or_else(PoisonError::into_inner))
     }
 
-    /// The request to `url` with the forwarded client headers and the provider's credentials.
+    /// The request to `uri` (the text `url`) with the forwarded client headers and the provider's
+    /// credentials.
     fn request(
         &self,
         settings: &Settings,
         method: Method,
-        url: &str,
+        (url, uri): (&str, &Uri),
         client_headers: &HeaderMap,
         body: UpstreamBody,
     ) -> Result<Request<UpstreamBody>, GatewayError> {
-        let uri = self.parsed_url(url).ok_or_else(|| GatewayError::UpstreamUnreachable {
-            url: url.to_owned(),
-            reason:
-                "the endpoint is not a valid http or https URL; fix upstream.endpoint in the agent's spec"
-                    .into(),
-        })?;
         let mut headers = HeaderMap::new();
         for name in &FORWARDED_HEADERS {
             if let Some(value) = client_headers.get(name) {
@@ -352,27 +389,9 @@ impl Upstream {
             .map_err(|reason| GatewayError::UpstreamUnreachable { url: url.to_owned(), reason })?;
         let mut request = Request::new(body);
         *request.method_mut() = method;
-        *request.uri_mut() = uri;
+        *request.uri_mut() = uri.clone();
         *request.headers_mut() = headers;
         Ok(request)
-    }
-
-    /// `text` parsed, from the cache when it was parsed before; `None` if it is not an absolute
-    /// http or https URL.
-    fn parsed_url(&self, text: &str) -> Option<Uri> {
-        let mut parsed = self.parsed_urls.lock().unwrap_or_else(PoisonError::into_inner);
-        if let Some(url) = parsed.get(text) {
-            return Some(url.clone());
-        }
-        let url: Uri = text.parse().ok()?;
-        if !matches!(url.scheme_str(), Some("http" | "https")) || url.host().is_none() {
-            return None;
-        }
-        if parsed.len() >= PARSED_URLS_KEPT {
-            parsed.clear();
-        }
-        parsed.insert(text.to_owned(), url.clone());
-        Some(url)
     }
 
     /// The largest answer read, in bytes.
@@ -380,27 +399,32 @@ impl Upstream {
         self.max_response_bytes
     }
 
-    /// Sends `request` (built anew for each attempt by `build`) and waits for the answer's head,
-    /// trying a refused connection again. Waits at most the read timeout, and no longer than
-    /// `deadline`.
+    /// Sends a request to `url` (built anew for each attempt by `build`, given the URL parsed) and
+    /// waits for the answer's head, trying a refused connection again. Waits at most the read
+    /// timeout, and no longer than `deadline`.
     async fn send(
         &self,
         settings: &Settings,
         url: &str,
-        build: impl Fn() -> Result<Request<UpstreamBody>, GatewayError>,
+        build: impl Fn(&Uri) -> Result<Request<UpstreamBody>, GatewayError>,
         deadline: Option<Instant>,
     ) -> Result<UpstreamResponse, GatewayError> {
         let timeout_seconds = settings.config.upstream.timeout_seconds;
         let timed_out = || GatewayError::UpstreamTimeout { url: url.to_owned(), seconds: timeout_seconds };
         let transport = self.transport();
+        let route = transport.route(url).ok_or_else(|| GatewayError::UpstreamUnreachable {
+            url: url.to_owned(),
+            reason: INVALID_ENDPOINT.into(),
+        })?;
         let mut attempt = 1;
         loop {
             let wait = read_wait(self.read_timeout, deadline);
-            let mut request = build()?;
-            if let Some(credentials) = transport.proxied.proxy_authorization(request.uri()) {
-                request.headers_mut().insert(header::PROXY_AUTHORIZATION, credentials);
+            let mut request = build(&route.uri)?;
+            if let Some(credentials) = &route.proxy_authorization {
+                request.headers_mut().insert(header::PROXY_AUTHORIZATION, credentials.clone());
             }
-            let sent = tokio::time::timeout(wait, transport.send(request)).await.map_err(|_| timed_out())?;
+            let sent =
+                tokio::time::timeout(wait, transport.send(request, &route)).await.map_err(|_| timed_out())?;
             match sent {
                 Ok((response, lease)) => {
                     let response = UpstreamResponse {
@@ -470,8 +494,9 @@ impl Upstream {
         let deadline = (!stream).then(|| {
             Instant::now() + Duration::from_secs(u64::from(settings.config.upstream.timeout_seconds))
         });
-        let build = || {
-            let mut request = self.request(settings, Method::POST, &url, client_headers, payload.body())?;
+        let build = |uri: &Uri| {
+            let mut request =
+                self.request(settings, Method::POST, (&url, uri), client_headers, payload.body())?;
             let headers = request.headers_mut();
             headers.insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
             headers.insert(header::CONTENT_LENGTH, HeaderValue::from(length));
@@ -516,7 +541,9 @@ impl Upstream {
         let url = url(settings, path);
         let deadline =
             Instant::now() + Duration::from_secs(u64::from(settings.config.upstream.timeout_seconds));
-        let build = || self.request(settings, Method::GET, &url, client_headers, Empty::new().boxed());
+        let build = |uri: &Uri| {
+            self.request(settings, Method::GET, (&url, uri), client_headers, Empty::new().boxed())
+        };
         // A non-2xx answer is passed through as it is, like a 2xx one.
         let mut response = match self.send(settings, &url, build, Some(deadline)).await {
             Ok(response) => response,
@@ -537,19 +564,33 @@ mod tests {
     #![allow(clippy::unwrap_used)]
     use super::*;
 
+    /// A transport with `proxied` as its proxy settings.
+    fn transport(proxied: ProxiedConnector) -> Transport {
+        let client = super::super::connector::pooled_client_through(proxied.clone(), IDLE_CONNECTION_TIMEOUT);
+        Transport::with(client.unwrap(), proxied, IDLE_CONNECTION_TIMEOUT)
+    }
+
     #[test]
-    fn urls_are_parsed_once_and_the_cache_stays_bounded() {
-        let upstream = Upstream::new(Duration::from_secs(5), DEFAULT_MAX_RESPONSE_BYTES).unwrap();
+    fn routes_are_worked_out_once_per_url_and_the_cache_stays_bounded() {
+        let direct = transport(ProxiedConnector::direct());
         let text = "http://127.0.0.1:8080/v1/chat/completions";
-        let first = upstream.parsed_url(text).unwrap();
-        assert_eq!(first.to_string(), text);
-        assert_eq!(upstream.parsed_url(text).unwrap(), first, "the cached parse is the same URL");
-        assert!(upstream.parsed_url("not a url").is_none());
-        assert!(upstream.parsed_url("ftp://127.0.0.1/v1/models").is_none(), "only http and https");
-        for port in 0..3 * PARSED_URLS_KEPT {
-            upstream.parsed_url(&format!("http://127.0.0.1:{port}/v1/messages")).unwrap();
-            assert!(upstream.parsed_urls.lock().unwrap().len() <= PARSED_URLS_KEPT);
+        let first = direct.route(text).unwrap();
+        assert_eq!(first.uri.to_string(), text);
+        assert!(first.plain.is_some(), "a plain-http upstream reached directly goes on its own connections");
+        assert!(Arc::ptr_eq(&direct.route(text).unwrap(), &first), "the second request finds the route made");
+        let secure = direct.route("https://api.openai.com/v1/chat/completions").unwrap();
+        assert!(secure.plain.is_none() && secure.proxy_authorization.is_none());
+        assert!(direct.route("not a url").is_none());
+        assert!(direct.route("ftp://127.0.0.1/v1/models").is_none(), "only http and https");
+        assert!(direct.route("http:///v1/models").is_none(), "a URL names its host");
+        for port in 0..3 * ROUTES_KEPT {
+            direct.route(&format!("http://127.0.0.1:{port}/v1/messages")).unwrap();
+            assert!(direct.routes.lock().unwrap().len() <= ROUTES_KEPT);
         }
+        let proxied = transport(ProxiedConnector::through("http://agent:s3cret@127.0.0.1:3128", "").unwrap());
+        let through = proxied.route(text).unwrap();
+        assert!(through.plain.is_none(), "a request through a proxy goes on the pooled client");
+        assert!(through.proxy_authorization.is_some(), "with the proxy's credentials");
     }
 
     /// Settings of an OpenAI-compatible upstream at `endpoint`.
@@ -651,18 +692,12 @@ mod tests {
             String::from_utf8(head).unwrap().to_ascii_lowercase()
         });
         let proxied = ProxiedConnector::through(&format!("http://agent:s3cret@{proxy_address}"), "").unwrap();
-        let client = super::super::connector::pooled_client_through(proxied.clone(), IDLE_CONNECTION_TIMEOUT);
         let upstream = Upstream {
-            transport: RwLock::new(Arc::new(Transport::with(
-                client.unwrap(),
-                proxied,
-                IDLE_CONNECTION_TIMEOUT,
-            ))),
+            transport: RwLock::new(Arc::new(transport(proxied))),
             egress_problem: Mutex::default(),
             idle_timeout: IDLE_CONNECTION_TIMEOUT,
             read_timeout: Duration::from_secs(5),
             max_response_bytes: DEFAULT_MAX_RESPONSE_BYTES,
-            parsed_urls: Arc::default(),
         };
         let dir = tempfile::tempdir().unwrap();
         let settings = settings(dir.path(), "http://upstream.invalid:8080/v1");
@@ -679,13 +714,16 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let settings = settings(dir.path(), "http://127.0.0.1:9/v1");
         let upstream = Upstream::new(Duration::from_secs(5), DEFAULT_MAX_RESPONSE_BYTES).unwrap();
-        let request =
-            upstream.request(&settings, Method::GET, "not a url", &HeaderMap::new(), Empty::new().boxed());
-        let Err(GatewayError::UpstreamUnreachable { url, reason }) = request else {
+        let headers = HeaderMap::new();
+        let build = |uri: &Uri| {
+            upstream.request(&settings, Method::GET, ("not a url", uri), &headers, Empty::new().boxed())
+        };
+        let sent = upstream.send(&settings, "not a url", build, None).await;
+        let Err(GatewayError::UpstreamUnreachable { url, reason }) = sent else {
             panic!("an unparseable URL was accepted");
         };
         assert_eq!(url, "not a url");
         assert!(reason.contains("upstream.endpoint"), "{reason}");
-        assert!(upstream.parsed_urls.lock().unwrap().is_empty(), "nothing unparseable is cached");
+        assert!(upstream.transport().routes.lock().unwrap().is_empty(), "nothing unparseable is cached");
     }
 }
