@@ -31,9 +31,12 @@ pub fn journaled_text(entry: &Entry) -> String {
 
 /// Appends [`journaled_text`] of `entry` to `out`.
 pub fn write_journaled_text(entry: &Entry, out: &mut String) {
-    out.reserve(ID_TAG_ROOM + journal_body_len(entry));
+    let body_len = journal_body_len(entry);
+    out.reserve(ID_TAG_ROOM + body_len);
     push_id_tag(entry.id, out);
-    append_journal_body(out, entry);
+    if body_len > 0 {
+        append_journal_body(out, entry);
+    }
 }
 
 /// Room for any visible ID tag: the brackets, the longest kind's prefix and `_`, and a `u64`'s 20
@@ -89,16 +92,12 @@ pub fn render_entry(
     }
 }
 
-/// Appends a space and the entry's own text to `text` when the entry has any: its message text,
-/// then each tool result's output in completion order, one per line.
+/// Appends a space and the entry's own text to `text` (an entry that has some: its
+/// [`journal_body_len`] is not 0): its message text, then each tool result's output in completion
+/// order, one per line.
 fn append_journal_body(text: &mut String, entry: &Entry) {
     let content = &entry.content;
     let results = &content.tool_results;
-    let body_len = journal_body_len(entry);
-    if body_len == 0 {
-        return;
-    }
-    text.reserve_exact(body_len);
     text.push(' ');
     text.push_str(&content.text);
     let mut started = !content.text.is_empty();

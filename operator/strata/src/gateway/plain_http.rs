@@ -125,9 +125,7 @@ impl Lease {
 fn host_of(uri: &Uri) -> Option<String> {
     let host = uri.host()?;
     Some(match uri.port_u16() {
-        // Written without the formatting machinery: every request to a plain-`http` upstream
-        // names its host.
-        Some(port) if port != 80 => [host, ":", itoa::Buffer::new().format(port)].concat(),
+        Some(port) if port != 80 => format!("{host}:{port}"),
         _ => host.to_owned(),
     })
 }
