@@ -13,6 +13,9 @@
 //! `cargo bench -p strata --bench gateway`; `STRATA_BENCH_QUICK=1` runs a shorter version, and
 //! `STRATA_BENCH_SEQUENTIAL=N` sets the sequential phases' request count (longer runs for a profiler);
 //! `STRATA_BENCH_TOOL_TOKENS=N` gives every request a synthetic tool block of about N tokens;
+//! `STRATA_BENCH_GATEWAY=PATH` times that binary instead of the `strata-gateway` cargo built
+//! (another build of the same code, e.g. a profile-guided one, measured by the same bench; a file
+//! not named `strata-gateway` is run as `strata gateway`);
 //! `STRATA_BENCH_TAILS=1` also prints each path's p50, p90, p95, p98, p99, p99.5 and p99.9, to tell a
 //! constant offset from a tail.
 //! Each phase also prints the gateway's own account from its metrics: the mean time of its own work
@@ -639,13 +642,24 @@ async fn bench() -> i32 {
     }
     let sequential_override =
         std::env::var("STRATA_BENCH_SEQUENTIAL").ok().and_then(|text| text.parse().ok());
-    let gateway_program = Path::new(env!("CARGO_BIN_EXE_strata-gateway"));
-    let callgrind_dir = root.path().join("callgrind");
-    let program = if counting {
-        instructions::wrapper(&callgrind_dir, gateway_program)
-    } else {
-        gateway_program.to_owned()
+    let gateway_program = match std::env::var_os("STRATA_BENCH_GATEWAY") {
+        Some(path) => {
+            let path = PathBuf::from(path);
+            if !path.is_file() {
+                eprintln!(
+                    "STRATA_BENCH_GATEWAY={}: no such file; give the path of a strata-gateway or strata binary",
+                    path.display()
+                );
+                return 2;
+            }
+            path
+        }
+        None => PathBuf::from(env!("CARGO_BIN_EXE_strata-gateway")),
     };
+    println!("gateway: {}", gateway_program.display());
+    let callgrind_dir = root.path().join("callgrind");
+    let program =
+        if counting { instructions::wrapper(&callgrind_dir, &gateway_program) } else { gateway_program };
     let phases: &[(&str, usize, usize)] = if counting {
         &[(ALONE, 1, 300), (TRANSPARENT, 1, 300)]
     } else if max_ratio.is_some() {
