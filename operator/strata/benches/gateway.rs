@@ -41,7 +41,8 @@
 //! and alone) and Transparent (300 measured requests at each journal size), and exits non-zero
 //! when a request failed or the p99 ratio gateway / direct exceeds `R` (the Transparent phase at
 //! 1k is timed but not judged: its ratio on disk is fsync noise), so a large regression fails the
-//! run. The ratio is measured side by side in the same run, which keeps it meaningful on a shared,
+//! run. `STRATA_BENCH_CI_MAX_RSS_MIB=M` also fails it when the gateway's RSS at the end of a
+//! sequential phase is over `M` MiB. The ratio is measured side by side in the same run, which keeps it meaningful on a shared,
 //! noisy machine. A judged phase over the bound runs again, up to three attempts in all, and fails
 //! the run only when every attempt is over it: a slow stretch of the machine passes, a regression
 //! does not.
@@ -624,6 +625,17 @@ async fn bench() -> i32 {
         },
         Err(_) => None,
     };
+    // CI mode also bounds the RSS at the end of each sequential phase (memory is not noisy).
+    let max_rss_mib = match std::env::var("STRATA_BENCH_CI_MAX_RSS_MIB") {
+        Ok(text) => match text.parse::<f64>() {
+            Ok(mib) if mib > 0.0 => Some(mib),
+            _ => {
+                eprintln!("STRATA_BENCH_CI_MAX_RSS_MIB={text:?}: give the largest acceptable RSS in MiB");
+                return 2;
+            }
+        },
+        Err(_) => None,
+    };
     let state = Arc::new(Fake::default());
     // The gateway's backlog, not tokio's 1024: 2,048 streams connect to the fake directly too.
     let socket = tokio::net::TcpSocket::new_v4().unwrap();
@@ -779,6 +791,17 @@ async fn bench() -> i32 {
             let after = journal_tokens(gateway.address).await;
             let (rss, peak) = rss_kib(gateway.child.id());
             let (anon, file) = rss_split_kib(gateway.child.id());
+            let rss_mib = rss as f64 / 1024.0;
+            if let Some(bound) = max_rss_mib
+                && streams == 1
+                && rss_mib > bound
+            {
+                println!("  RSS {rss_mib:.1} MiB > {bound} MiB at {target} tokens, {name}");
+                if attempt == 1 {
+                    regressions
+                        .push(format!("RSS {rss_mib:.1} MiB > {bound} MiB at {target} tokens, {name}"));
+                }
+            }
             let mut kinds: Vec<&String> = phase.failures.iter().collect();
             kinds.sort();
             kinds.dedup();
@@ -904,7 +927,7 @@ async fn bench() -> i32 {
             None => regressions.push("no flat-cost figure: a phase counted nothing".to_owned()),
         }
     }
-    if max_ratio.is_some() || counting {
+    if max_ratio.is_some() || max_rss_mib.is_some() || counting {
         if regressions.is_empty() {
             println!("gateway bench check: pass");
         } else {
