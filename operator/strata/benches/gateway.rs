@@ -42,10 +42,10 @@
 //! when a request failed or the p99 ratio gateway / direct exceeds `R` (the Transparent phase at
 //! 1k is timed but not judged: its ratio on disk is fsync noise), so a large regression fails the
 //! run. `STRATA_BENCH_CI_MAX_RSS_MIB=M` also fails it when the gateway's RSS at the end of a
-//! sequential phase is over `M` MiB. The ratio is measured side by side in the same run, which keeps it meaningful on a shared,
-//! noisy machine. A judged phase over the bound runs again, up to three attempts in all, and fails
-//! the run only when every attempt is over it: a slow stretch of the machine passes, a regression
-//! does not.
+//! sequential phase is over `M` MiB. The ratio is measured side by side in the same run, which
+//! keeps it meaningful on a shared, noisy machine. A judged phase over the bound runs again, up to
+//! three attempts in all, and fails the run only when every attempt is over it: a slow stretch of
+//! the machine passes, a regression does not.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 #[path = "gateway_bench/instructions.rs"]
