@@ -296,8 +296,8 @@ struct ChatBody<'a> {
 fn bench_tools() -> &'static [serde_json::Value] {
     static TOOLS: std::sync::OnceLock<Vec<serde_json::Value>> = std::sync::OnceLock::new();
     TOOLS.get_or_init(|| {
-        let Some(tokens) = std::env::var("STRATA_BENCH_TOOL_TOKENS").ok().and_then(|text| text.parse().ok())
-        else {
+        // `bench` has refused a value that does not parse before any request is built.
+        let Ok(Some(tokens)) = tool_tokens_setting() else {
             return Vec::new();
         };
         let counter = TokenCounter::new(TokenizerKind::O200kBase).unwrap();
@@ -605,6 +605,61 @@ fn main() {
     std::process::exit(code);
 }
 
+/// The numbers the environment may set, each refused with a clear message when it does not parse.
+struct Settings {
+    /// `STRATA_BENCH_CI_MAX_RATIO`: CI mode's bound on a judged phase's p99 ratio.
+    max_ratio: Option<f64>,
+    /// `STRATA_BENCH_CI_MAX_RSS_MIB`: CI mode's bound on the RSS at the end of each sequential phase
+    /// (memory is not noisy).
+    max_rss_mib: Option<f64>,
+    /// `STRATA_BENCH_SEQUENTIAL`: requests a sequential phase sends, instead of the mode's number.
+    sequential_override: Option<usize>,
+}
+
+impl Settings {
+    fn from_env() -> Result<Self, String> {
+        tool_tokens_setting()?;
+        Ok(Settings {
+            max_ratio: setting(
+                "STRATA_BENCH_CI_MAX_RATIO",
+                |ratio| *ratio > 1.0,
+                "the largest acceptable p99 ratio, above 1",
+            )?,
+            max_rss_mib: setting(
+                "STRATA_BENCH_CI_MAX_RSS_MIB",
+                |mib| *mib > 0.0,
+                "the largest acceptable RSS in MiB, above 0",
+            )?,
+            sequential_override: setting(
+                "STRATA_BENCH_SEQUENTIAL",
+                |count| *count > 0,
+                "the number of requests a sequential phase sends",
+            )?,
+        })
+    }
+}
+
+/// `STRATA_BENCH_TOOL_TOKENS`: the size of the synthetic tool block, in tokens.
+fn tool_tokens_setting() -> Result<Option<u64>, String> {
+    setting("STRATA_BENCH_TOOL_TOKENS", |tokens| *tokens > 0, "the tool block's size in tokens, above 0")
+}
+
+/// A setting from the environment variable `name`: `None` when unset, or an error that names the
+/// variable and says what to give when its value does not parse or `valid` refuses it.
+fn setting<T: std::str::FromStr>(
+    name: &str,
+    valid: impl Fn(&T) -> bool,
+    what: &str,
+) -> Result<Option<T>, String> {
+    let Ok(text) = std::env::var(name) else {
+        return Ok(None);
+    };
+    match text.parse::<T>() {
+        Ok(value) if valid(&value) => Ok(Some(value)),
+        _ => Err(format!("{name}={text:?}: give {what}")),
+    }
+}
+
 /// Runs the phases; returns the exit code.
 async fn bench() -> i32 {
     let quick = std::env::var_os("STRATA_BENCH_QUICK").is_some();
@@ -613,29 +668,14 @@ async fn bench() -> i32 {
         eprintln!("{why}");
         return 2;
     }
-    let max_ratio = match std::env::var("STRATA_BENCH_CI_MAX_RATIO") {
-        Ok(text) => match text.parse::<f64>() {
-            Ok(ratio) if ratio > 1.0 => Some(ratio),
-            _ => {
-                eprintln!(
-                    "STRATA_BENCH_CI_MAX_RATIO={text:?}: give the largest acceptable p99 ratio, a number above 1"
-                );
-                return 2;
-            }
-        },
-        Err(_) => None,
+    let settings = match Settings::from_env() {
+        Ok(settings) => settings,
+        Err(why) => {
+            eprintln!("{why}");
+            return 2;
+        }
     };
-    // CI mode also bounds the RSS at the end of each sequential phase (memory is not noisy).
-    let max_rss_mib = match std::env::var("STRATA_BENCH_CI_MAX_RSS_MIB") {
-        Ok(text) => match text.parse::<f64>() {
-            Ok(mib) if mib > 0.0 => Some(mib),
-            _ => {
-                eprintln!("STRATA_BENCH_CI_MAX_RSS_MIB={text:?}: give the largest acceptable RSS in MiB");
-                return 2;
-            }
-        },
-        Err(_) => None,
-    };
+    let Settings { max_ratio, max_rss_mib, sequential_override } = settings;
     let state = Arc::new(Fake::default());
     // The gateway's backlog, not tokio's 1024: 2,048 streams connect to the fake directly too.
     let socket = tokio::net::TcpSocket::new_v4().unwrap();
@@ -652,8 +692,6 @@ async fn bench() -> i32 {
     for mode in [SessionMode::Stateful, SessionMode::Transparent] {
         std::fs::write(config_path(mode), serde_json::to_vec(&config(fake, mode)).unwrap()).unwrap();
     }
-    let sequential_override =
-        std::env::var("STRATA_BENCH_SEQUENTIAL").ok().and_then(|text| text.parse().ok());
     let gateway_program = match std::env::var_os("STRATA_BENCH_GATEWAY") {
         Some(path) => {
             let path = PathBuf::from(path);
