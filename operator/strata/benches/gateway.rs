@@ -17,7 +17,8 @@
 //! (another build of the same code, e.g. a profile-guided one, measured by the same bench; a file
 //! not named `strata-gateway` is run as `strata gateway`);
 //! `STRATA_BENCH_TAILS=1` also prints each path's p50, p90, p95, p98, p99, p99.5 and p99.9, to tell a
-//! constant offset from a tail.
+//! constant offset from a tail. A numeric setting that does not parse stops the run before it
+//! starts, with a message that names the variable.
 //! Each phase also prints the gateway's own account from its metrics: the mean time of its own work
 //! (`strata_gateway_added_overhead_seconds`), the bucket bound its p99 falls under, and the mean
 //! time of waiting on the upstream. The sequential phases
