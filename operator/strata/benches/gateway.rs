@@ -26,8 +26,14 @@
 //! that sends the upstream the gateway's last body, staged before the turn, and does none of the
 //! gateway's work: the two-hop limit, on the gateway's HTTP stack (axum server, a kept hyper HTTP/1
 //! connection, as the gateway sends to a plain-`http` upstream);
-//! and the floor, on hyper's own server with the same client. Each measured turn times the gateway, the direct path, the limit and the floor,
-//! in that order.
+//! and the floor, on hyper's own server with the same client. Each measured turn times the gateway,
+//! the direct path, the limit and the floor in turn, starting one path later on each turn (the
+//! gateway first, then the direct path first, and so on), so that each path comes first, right
+//! after the staging, on a quarter of the turns: with a fixed order the ratios carried the order's
+//! effect, which differed by journal size (BENCHMARKS.md, "The paths timed in a rotating order").
+//! `STRATA_BENCH_FIXED_ORDER=1` times them in the fixed order of the earlier records instead. When
+//! the direct path goes before the gateway, it replays the body the gateway sent on the previous
+//! turn, one exchange shorter, as the reference proxies always do.
 //! The `gateway alone` phase is a sequential Stateful one with neither the direct path nor the
 //! reference proxies: it times the gateway when the only bodies moved between two of its requests
 //! are its own. The last lines compare the gateway's mean own work at 200k with 1k, in this phase
@@ -348,6 +354,7 @@ async fn run_phase(
     assert!(transcript.is_none() || streams == 1, "a Transparent client is one stream");
     let client = reqwest::Client::builder().pool_max_idle_per_host(streams * 2).build().unwrap();
     let stream_requests = streams > 1;
+    let rotate = std::env::var_os("STRATA_BENCH_FIXED_ORDER").is_none();
     let mut tasks = Vec::with_capacity(streams);
     for stream in 0..streams {
         let client = client.clone();
@@ -392,39 +399,58 @@ async fn run_phase(
                         failures.push(format!("staging at a reference proxy: {}", error_chain(&error)));
                     }
                 }
-                let started = Instant::now();
-                let mut request = client
-                    .post(format!("http://{gateway}/v1/chat/completions"))
-                    .header("content-type", "application/json")
-                    .body(body.clone());
-                if transcript.is_none() {
-                    request = request.header("x-strata-session", "bench");
-                }
-                let through_gateway = read_all(request.send().await).await.map(|_| started.elapsed());
-                if let Some(transcript) = &transcript {
-                    transcript.lock().unwrap().push(json!({"role": "assistant", "content": "k"}));
-                }
-                let direct = match direct {
-                    Some(fake) => {
-                        let replay = state.latest.lock().unwrap().clone();
-                        Some(
-                            timed_replay(&client, &format!("http://{fake}/v1/chat/completions"), replay)
-                                .await,
-                        )
+                // The paths are timed in turn; unless the fixed order was asked for, each turn starts
+                // one path later, so that no path always comes right after the staging.
+                let paths = 2 + references.len();
+                let first = if rotate { index % paths } else { 0 };
+                let mut through_gateway = Err("not timed".to_owned());
+                let mut direct_result = None;
+                let mut through_references: Vec<Result<Duration, String>> =
+                    vec![Err("not timed".to_owned()); references.len()];
+                for step in 0..paths {
+                    match (first + step) % paths {
+                        0 => {
+                            let started = Instant::now();
+                            let mut request = client
+                                .post(format!("http://{gateway}/v1/chat/completions"))
+                                .header("content-type", "application/json")
+                                .body(body.clone());
+                            if transcript.is_none() {
+                                request = request.header("x-strata-session", "bench");
+                            }
+                            through_gateway = read_all(request.send().await).await.map(|_| started.elapsed());
+                            if let Some(transcript) = &transcript {
+                                transcript.lock().unwrap().push(json!({"role": "assistant", "content": "k"}));
+                            }
+                        }
+                        1 => {
+                            if let Some(fake) = direct {
+                                let replay = state.latest.lock().unwrap().clone();
+                                direct_result = Some(
+                                    timed_replay(
+                                        &client,
+                                        &format!("http://{fake}/v1/chat/completions"),
+                                        replay,
+                                    )
+                                    .await,
+                                );
+                            }
+                        }
+                        reference => {
+                            let proxy = references[reference - 2];
+                            let started = Instant::now();
+                            let response = client
+                                .post(format!("http://{proxy}/v1/chat/completions"))
+                                .header("content-type", "application/json")
+                                .body(body.clone())
+                                .send()
+                                .await;
+                            through_references[reference - 2] =
+                                read_all(response).await.map(|_| started.elapsed());
+                        }
                     }
-                    None => None,
-                };
-                let mut through_references = Vec::with_capacity(references.len());
-                for proxy in &references {
-                    let started = Instant::now();
-                    let response = client
-                        .post(format!("http://{proxy}/v1/chat/completions"))
-                        .header("content-type", "application/json")
-                        .body(body.clone())
-                        .send()
-                        .await;
-                    through_references.push(read_all(response).await.map(|_| started.elapsed()));
                 }
+                let direct = direct_result;
                 if index == 0 {
                     continue;
                 }
