@@ -26,14 +26,15 @@
 //! that sends the upstream the gateway's last body, staged before the turn, and does none of the
 //! gateway's work: the two-hop limit, on the gateway's HTTP stack (axum server, a kept hyper HTTP/1
 //! connection, as the gateway sends to a plain-`http` upstream);
-//! and the floor, on hyper's own server with the same client. Each measured turn times the gateway,
-//! the direct path, the limit and the floor in turn, starting one path later on each turn (the
-//! gateway first, then the direct path first, and so on), so that each path comes first, right
-//! after the staging, on a quarter of the turns: with a fixed order the ratios carried the order's
-//! effect, which differed by journal size (BENCHMARKS.md, "The paths timed in a rotating order").
-//! `STRATA_BENCH_FIXED_ORDER=1` times them in the fixed order of the earlier records instead. When
-//! the direct path goes before the gateway, it replays the body the gateway sent on the previous
-//! turn, one exchange shorter, as the reference proxies always do.
+//! and the floor, on hyper's own server with the same client. Each measured turn of these phases
+//! times the gateway, the direct path, the limit and the floor in turn, starting one path later on
+//! each turn (the gateway first, then the direct path first, and so on), so that each path comes
+//! first, right after the staging, on a quarter of the turns: with a fixed order the ratios carried
+//! the order's effect, which differed by journal size (BENCHMARKS.md, "The paths timed in a
+//! rotating order"). `STRATA_BENCH_FIXED_ORDER=1` times them in the fixed order of the earlier
+//! records instead. When the direct path goes before the gateway, it replays the body the gateway
+//! sent on the previous turn, one exchange shorter, as the reference proxies always do. The
+//! concurrent phases have no staging and keep the order gateway, then direct, on every stream.
 //! The `gateway alone` phase is a sequential Stateful one with neither the direct path nor the
 //! reference proxies: it times the gateway when the only bodies moved between two of its requests
 //! are its own. The last lines compare the gateway's mean own work at 200k with 1k, in this phase
@@ -399,10 +400,11 @@ async fn run_phase(
                         failures.push(format!("staging at a reference proxy: {}", error_chain(&error)));
                     }
                 }
-                // The paths are timed in turn; unless the fixed order was asked for, each turn starts
-                // one path later, so that no path always comes right after the staging.
+                // The paths are timed in turn. Where there is a staging (the sequential phases with
+                // reference proxies), each turn starts one path later unless the fixed order was
+                // asked for, so that no path always comes right after the staging.
                 let paths = 2 + references.len();
-                let first = if rotate { index % paths } else { 0 };
+                let first = if rotate && !references.is_empty() { index % paths } else { 0 };
                 let mut through_gateway = Err("not timed".to_owned());
                 let mut direct_result = None;
                 let mut through_references: Vec<Result<Duration, String>> =
