@@ -65,11 +65,10 @@ impl Idle {
 type IdleKey = (usize, Arc<str>);
 
 /// Where a plain-`http` upstream's requests go, worked out once per URL (`upstream.rs` keeps it
-/// with the URL's route): the absolute URL to connect to, the request's origin form, its `Host`
-/// header, and the host the pool keeps connections under.
+/// with the URL's route): the request's origin form, its `Host` header, and the host the pool keeps
+/// connections under. The absolute URL to connect to is the request's own.
 #[derive(Debug)]
 pub struct PlainTarget {
-    destination: Uri,
     origin_form: Uri,
     host_header: HeaderValue,
     host: Arc<str>,
@@ -83,7 +82,7 @@ impl PlainTarget {
         let origin_form =
             Uri::try_from(destination.path_and_query().map_or("/", |path| path.as_str())).ok()?;
         let host_header = HeaderValue::try_from(host.as_str()).ok()?;
-        Some(Self { destination: destination.clone(), origin_form, host_header, host: host.into() })
+        Some(Self { origin_form, host_header, host: host.into() })
     }
 }
 
@@ -141,15 +140,15 @@ impl PlainHttpPool {
         })
     }
 
-    /// Sends `request` to `target` on an idle connection to its host, or on a new one, in origin
-    /// form with the target's `Host`. A request that an idle connection could not take (the
-    /// upstream had closed it) goes on another; nothing is sent twice.
+    /// Sends `request`, addressed to `target`'s absolute URL, on an idle connection to its host or
+    /// on a new one, in origin form with the target's `Host`. A request that an idle connection
+    /// could not take (the upstream had closed it) goes on another; nothing is sent twice.
     pub async fn send(
         self: &Arc<Self>,
         mut request: Request<UpstreamBody>,
         target: &PlainTarget,
     ) -> Result<(Response<Incoming>, Lease), PlainHttpError> {
-        *request.uri_mut() = target.origin_form.clone();
+        let destination = std::mem::replace(request.uri_mut(), target.origin_form.clone());
         if !request.headers().contains_key(header::HOST) {
             request.headers_mut().insert(header::HOST, target.host_header.clone());
         }
@@ -167,7 +166,7 @@ impl PlainHttpPool {
                 },
             }
         }
-        let mut sender = self.connect(target.destination.clone()).await?;
+        let mut sender = self.connect(destination).await?;
         match sender.send_request(request).await {
             Ok(response) => Ok((response, self.lease(key, sender))),
             Err(error) => Err(PlainHttpError::Exchange(error_chain(&error))),
@@ -286,7 +285,6 @@ mod tests {
         let target = PlainTarget::of(&"http://127.0.0.1:8080/v1/models?limit=1".parse().unwrap()).unwrap();
         assert_eq!(target.origin_form, "/v1/models?limit=1");
         assert_eq!(target.host_header, "127.0.0.1:8080");
-        assert_eq!(target.destination, "http://127.0.0.1:8080/v1/models?limit=1");
         assert!(PlainTarget::of(&"/v1/models".parse().unwrap()).is_none());
     }
 
