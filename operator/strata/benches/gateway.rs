@@ -356,12 +356,20 @@ async fn run_phase(
     let client = reqwest::Client::builder().pool_max_idle_per_host(streams * 2).build().unwrap();
     let stream_requests = streams > 1;
     let rotate = std::env::var_os("STRATA_BENCH_FIXED_ORDER").is_none();
+    // Each path's URL, written once rather than inside the timed requests.
+    let chat = "/v1/chat/completions";
+    let gateway_url = format!("http://{gateway}{chat}");
+    let direct_url = direct.map(|fake| format!("http://{fake}{chat}"));
+    let reference_urls: Vec<String> =
+        references.iter().map(|proxy| format!("http://{proxy}{chat}")).collect();
     let mut tasks = Vec::with_capacity(streams);
     for stream in 0..streams {
         let client = client.clone();
         let state = Arc::clone(&state);
         let transcript = transcript.clone();
         let references = references.to_vec();
+        let (gateway_url, direct_url, reference_urls) =
+            (gateway_url.clone(), direct_url.clone(), reference_urls.clone());
         tasks.push(tokio::spawn(async move {
             let mut gateway_times = Vec::with_capacity(per_stream);
             let mut direct_times = Vec::with_capacity(per_stream);
@@ -406,7 +414,7 @@ async fn run_phase(
                 let paths = 2 + references.len();
                 let first = if rotate && !references.is_empty() { index % paths } else { 0 };
                 let mut through_gateway = Err("not timed".to_owned());
-                let mut direct_result = None;
+                let mut direct = None;
                 let mut through_references: Vec<Result<Duration, String>> =
                     vec![Err("not timed".to_owned()); references.len()];
                 for step in 0..paths {
@@ -414,7 +422,7 @@ async fn run_phase(
                         0 => {
                             let started = Instant::now();
                             let mut request = client
-                                .post(format!("http://{gateway}/v1/chat/completions"))
+                                .post(&gateway_url)
                                 .header("content-type", "application/json")
                                 .body(body.clone());
                             if transcript.is_none() {
@@ -426,23 +434,15 @@ async fn run_phase(
                             }
                         }
                         1 => {
-                            if let Some(fake) = direct {
+                            if let Some(url) = &direct_url {
                                 let replay = state.latest.lock().unwrap().clone();
-                                direct_result = Some(
-                                    timed_replay(
-                                        &client,
-                                        &format!("http://{fake}/v1/chat/completions"),
-                                        replay,
-                                    )
-                                    .await,
-                                );
+                                direct = Some(timed_replay(&client, url, replay).await);
                             }
                         }
                         reference => {
-                            let proxy = references[reference - 2];
                             let started = Instant::now();
                             let response = client
-                                .post(format!("http://{proxy}/v1/chat/completions"))
+                                .post(&reference_urls[reference - 2])
                                 .header("content-type", "application/json")
                                 .body(body.clone())
                                 .send()
@@ -452,7 +452,6 @@ async fn run_phase(
                         }
                     }
                 }
-                let direct = direct_result;
                 if index == 0 {
                     continue;
                 }
