@@ -181,6 +181,62 @@ async fn a_resent_history_is_reused_byte_for_byte_and_an_edit_is_read_again() {
     assert_all_valid(&fake, Api::OpenAi);
 }
 
+/// Bodies past 14 KiB are read into the buffer the last one left and compared with it as they
+/// arrive; what they share stands for the history's digest. A resent history is still reused, and
+/// an edit anywhere in it, in the middle or in its first bytes, is still found, though the body
+/// that carries it is longer than the last one.
+#[tokio::test]
+async fn a_large_history_compared_with_the_last_body_still_finds_every_edit() {
+    let fake = FakeUpstream::start().await;
+    fake.script(["a1", "a2", "a3", "a4", "a5"].map(|t| Reply::Text(t.into())));
+    let gateway = Harness::start(&fake, Provider::OpenAI, |_| {}).await;
+    let rules = "Answer in one line. ".repeat(1_000);
+    let system = json!({"role": "system", "content": rules});
+    let a1 = send(&gateway, &[system.clone(), user("u1")]).await;
+    let a2 = send(&gateway, &[system.clone(), user("u1"), a1.clone(), user("u2")]).await;
+    let a3 =
+        send(&gateway, &[system.clone(), user("u1"), a1.clone(), user("u2"), a2.clone(), user("u3")]).await;
+    let metrics = gateway.metrics().await;
+    assert_eq!(
+        (messages_read(&metrics, "reused"), messages_read(&metrics, "parsed")),
+        (2 + 4, 2 + 2 + 2),
+        "each request reuses the whole history the previous one sent: {metrics}"
+    );
+
+    // An edit in the middle, resent with everything after it and a new message: the messages
+    // before it are reused, the rest read, and the client's conversation goes upstream.
+    let edited = [system.clone(), user("u1"), a1.clone(), user("U2"), a2.clone(), user("u3"), a3.clone()];
+    let a4 = send(&gateway, &[&edited[..], &[user("u4")]].concat()).await;
+    assert_eq!(
+        conversation(&fake.last()),
+        pairs(&[
+            ("user", "u1"),
+            ("assistant", "a1"),
+            ("user", "U2"),
+            ("assistant", "a2"),
+            ("user", "u3"),
+            ("assistant", "a3"),
+            ("user", "u4")
+        ])
+    );
+    let metrics = gateway.metrics().await;
+    assert_eq!(messages_read(&metrics, "reused"), 6 + 3, "{metrics}");
+    assert!(metrics.contains("strata_gateway_transparent_rewinds_total{cause=\"edit\"} 1"), "{metrics}");
+
+    // An edit in the first bytes of the system prompt, resent with the whole history: nothing is
+    // reused, and the edited prompt goes upstream.
+    let edited_system = json!({"role": "system", "content": rules.replacen("Answer", "ANSWER", 1)});
+    let mut history = edited.to_vec();
+    history[0] = edited_system;
+    history.extend([user("u4"), a4, user("u5")]);
+    send(&gateway, &history).await;
+    let metrics = gateway.metrics().await;
+    assert_eq!(messages_read(&metrics, "reused"), 9, "nothing of an edited opening is reused: {metrics}");
+    let upstream_system = fake.last()["messages"][0]["content"].as_str().unwrap().to_owned();
+    assert!(upstream_system.contains("ANSWER in one line."), "the edited prompt went upstream");
+    assert_all_valid(&fake, Api::OpenAi);
+}
+
 #[tokio::test]
 async fn a_retried_turn_adds_nothing() {
     let fake = FakeUpstream::start().await;

@@ -77,6 +77,26 @@ struct Prefix {
     digest: u128,
 }
 
+/// Where a body came from, as the caller that read it says: its number, and how many of its
+/// leading bytes it shares with an earlier body. The gateway numbers the bodies it reads into the
+/// one buffer it keeps between requests, and compares each with the one the buffer held before
+/// (see [`MessageMemo::set_origin`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct BodyOrigin {
+    /// The body's number, unique within the process.
+    pub id: u64,
+    /// The number of an earlier body and how many leading bytes this one has equal to it, byte for
+    /// byte.
+    pub shares_opening_with: Option<(u64, usize)>,
+}
+
+/// The body a memo was read from, by its number, with the digest of its prefix still open.
+#[derive(Debug, Clone)]
+struct NumberedBody {
+    id: u64,
+    prefix: OpenDigest,
+}
+
 /// A body's opening: its fields before `messages` ([`SplitBody::opening`]) and where its `tools`
 /// lay among them ([`SplitBody::opening_tools`]).
 #[derive(Debug, Clone)]
@@ -108,6 +128,10 @@ pub struct MessageMemo {
     /// The digest of the new body's bytes that [`Self::split`] found equal to the remembered
     /// prefix, still open: [`Self::read`] continues it to the end of the new body's messages.
     resumed: Option<OpenDigest>,
+    /// The remembered body's number, when its reader gave one, and its prefix's digest open.
+    numbered: Option<NumberedBody>,
+    /// Where the body about to be split came from, when its reader said.
+    origin: Option<BodyOrigin>,
 }
 
 /// A digest of a body's bytes up to `end`, open to more.
@@ -153,6 +177,8 @@ pub struct Recollection {
     spare_places: Vec<Range<usize>>,
     /// The body's bytes up to the end of its last message, digested; none without messages.
     prefix: Option<Prefix>,
+    /// The body's number, when its reader gave one, with that digest still open.
+    numbered: Option<NumberedBody>,
 }
 
 /// Elements a kept vector may always hold, however little of it a request uses.
@@ -178,6 +204,12 @@ fn digest(bytes: &[u8]) -> u128 {
 }
 
 impl MessageMemo {
+    /// Says where the body the next [`Self::split`] is given came from. A caller that claims a
+    /// shared opening must have compared the bytes: the memo takes them as equal.
+    pub fn set_origin(&mut self, origin: BodyOrigin) {
+        self.origin = Some(origin);
+    }
+
     /// Splits `body` (on `api`) at its top level; when it opens with the same bytes as the
     /// remembered body, only what follows the shared messages is read. `known_tools`, the last
     /// request's tool block, is read around where the body carries it unchanged.
@@ -229,6 +261,16 @@ impl MessageMemo {
     fn resumes_prefix(&mut self, body: &[u8]) -> bool {
         let Some(prefix) = self.prefix else { return false };
         let Some(opening) = body.get(..prefix.end) else { return false };
+        if let (Some(numbered), Some(origin)) = (&self.numbered, self.origin)
+            && numbered.prefix.end == prefix.end
+            && origin
+                .shares_opening_with
+                .is_some_and(|(id, shared)| id == numbered.id && shared >= prefix.end)
+        {
+            // The reader compared these bytes with the remembered body's: no digest is needed.
+            self.resumed = Some(numbered.prefix.clone());
+            return true;
+        }
         let mut hasher = XxHash3_128::with_seed(process_seed());
         hasher.write(opening);
         let same = hasher.finish_128() == prefix.digest;
@@ -258,6 +300,7 @@ impl MessageMemo {
             mut chains,
             whole_user,
             resumed,
+            origin,
             ..
         } = self;
         let bytes_of = |span: &Range<usize>| body.get(span.clone()).unwrap_or_default();
@@ -320,12 +363,16 @@ impl MessageMemo {
         }
         // The digest of the body up to its last message's end, continued from the bytes the split
         // found shared when it did.
+        let mut numbered = None;
         let prefix = messages.last().map(|last| {
             let OpenDigest { end: from, mut hasher } = resumed
                 .filter(|open| open.end <= last.end)
                 .unwrap_or_else(|| OpenDigest { end: 0, hasher: XxHash3_128::with_seed(process_seed()) });
             hasher.write(body.get(from..last.end).unwrap_or_default());
-            Prefix { end: last.end, digest: hasher.finish_128() }
+            let digest = hasher.finish_128();
+            numbered = origin
+                .map(|origin| NumberedBody { id: origin.id, prefix: OpenDigest { end: last.end, hasher } });
+            Prefix { end: last.end, digest }
         });
         let mut spare_places = earlier_places;
         spare_places.clear();
@@ -345,6 +392,7 @@ impl MessageMemo {
                 places: messages,
                 spare_places,
                 prefix,
+                numbered,
             },
         })
     }
@@ -404,6 +452,8 @@ impl Recollection {
             whole_user,
             prefix: self.prefix,
             resumed: None,
+            numbered: self.numbered,
+            origin: None,
         }
     }
 }
@@ -605,6 +655,63 @@ mod tests {
         let read = read_split(memo, edited, split, &mut 0);
         assert_eq!(read.reused_messages, 1, "the message before the edit");
         assert_eq!(read.recollection.prefix, read_fresh_prefix(edited));
+    }
+
+    /// A body its reader found to open with the remembered body's bytes resumes from the digest
+    /// kept open, without hashing them: the claim is taken as it is made, so a claim about a body
+    /// whose opening changed shows that it was used. A claim about another body, or one shorter
+    /// than the remembered prefix, is not used, and the digest finds the change.
+    #[test]
+    fn a_reader_s_comparison_stands_for_the_prefix_digest_only_for_the_body_remembered() {
+        let first = r#"{"messages":[{"role":"user","content":"a"},{"role":"assistant","content":"b"}]}"#;
+        let first_end = first.rfind('}').unwrap() - 1;
+        let resent = r#"{"messages":[{"role":"user","content":"a"},{"role":"assistant","content":"b"},{"role":"user","content":"c"}]}"#;
+        let edited = resent.replace(r#""content":"b""#, r#""content":"B""#);
+        let numbered_memo = || {
+            let mut memo = MessageMemo::default();
+            memo.set_origin(BodyOrigin { id: 1, shares_opening_with: None });
+            let read = read(memo, first, &mut 0);
+            let chains = chains_of(&read.turns);
+            read.recollection.remember(read.turns, chains)
+        };
+        assert_eq!(
+            numbered_memo().numbered.map(|numbered| (numbered.id, numbered.prefix.end)),
+            Some((1, first_end))
+        );
+
+        let claimed = |memo: &mut MessageMemo, earlier: u64, shared: usize| {
+            memo.set_origin(BodyOrigin { id: 2, shares_opening_with: Some((earlier, shared)) });
+        };
+        // A true claim: resumed, with the digest a fresh read takes, and the new body numbered.
+        let mut memo = numbered_memo();
+        claimed(&mut memo, 1, first_end);
+        let split = memo.split(Api::OpenAi, resent.as_bytes(), None).unwrap();
+        assert_eq!(memo.resumed.as_ref().map(|open| open.end), Some(first_end));
+        let read = read_split(memo, resent, split, &mut 0);
+        assert_eq!(read.reused_messages, 2);
+        assert_eq!(read.recollection.prefix, read_fresh_prefix(resent));
+        assert_eq!(read.recollection.numbered.as_ref().map(|numbered| numbered.id), Some(2));
+
+        // The same claim for the edited body is believed: no digest checked its opening.
+        let mut memo = numbered_memo();
+        claimed(&mut memo, 1, first_end);
+        let split = memo.split(Api::OpenAi, edited.as_bytes(), None).unwrap();
+        assert_eq!(read_split(memo, &edited, split, &mut 0).reused_messages, 2);
+
+        // A claim about another body, or short of the prefix, is not used.
+        for (earlier, shared) in [(7, first_end), (1, first_end - 1)] {
+            let mut memo = numbered_memo();
+            claimed(&mut memo, earlier, shared);
+            let split = memo.split(Api::OpenAi, edited.as_bytes(), None).unwrap();
+            assert!(memo.resumed.is_none(), "{earlier} {shared}");
+            assert_eq!(read_split(memo, &edited, split, &mut 0).reused_messages, 1, "{earlier} {shared}");
+        }
+        // A memo read from a body without a number takes no claim.
+        let mut memo = memo_of(first);
+        claimed(&mut memo, 1, first_end);
+        let split = memo.split(Api::OpenAi, edited.as_bytes(), None).unwrap();
+        assert!(memo.resumed.is_none());
+        assert_eq!(read_split(memo, &edited, split, &mut 0).reused_messages, 1);
     }
 
     /// The prefix digest of `body` read without a memo.

@@ -23,7 +23,7 @@ use bytes::Bytes;
 use serde_json::{Map, Value};
 use strata_api::agent::SessionMode;
 use strata_core::budget::{BudgetLevel, MaxTokensClamp, OperationId};
-use strata_core::session::message_memo::MessageMemo;
+use strata_core::session::message_memo::{BodyOrigin, MessageMemo};
 use strata_core::session::request_keys::KeyRefusal;
 use strata_core::session::tool_block::ToolBlocks;
 use strata_core::session::tool_schema::is_memory_tool;
@@ -218,6 +218,7 @@ async fn prepare(
     api: Api,
     headers: &HeaderMap,
     body: &Bytes,
+    origin: Option<BodyOrigin>,
 ) -> Result<Prepared, GatewayError> {
     let started = Instant::now();
     let settings = gateway.live.get();
@@ -227,7 +228,11 @@ async fn prepare(
     let transparent = !has_session;
     // A request takes the memo over and hands it back after the engine (a concurrent one meanwhile
     // reads all of its messages): each memo is one request's bytes, turns and chains.
-    let memo = if transparent { gateway.take_memo() } else { MessageMemo::default() };
+    let mut memo = if transparent { gateway.take_memo() } else { MessageMemo::default() };
+    // The body's reader compared it with the last one: a resent history is not digested again.
+    if let Some(origin) = origin {
+        memo.set_origin(origin);
+    }
     let ParsedRequest { mut request, mut recollection, messages, mut reused_messages } =
         adapter.parse_request(body, memo, &gateway.tool_blocks)?;
     if settings.config.session_mode == SessionMode::Stateful && !has_session {
@@ -289,7 +294,11 @@ async fn prepare(
         // The journal no longer holds turns the memo took for journaled (a rewind by another
         // conversation's request, a rollback, an edit of a summarised turn): read every message
         // again, whole.
-        let whole = adapter.parse_request(body, MessageMemo::default(), &gateway.tool_blocks)?;
+        let mut fresh = MessageMemo::default();
+        if let Some(origin) = origin {
+            fresh.set_origin(origin);
+        }
+        let whole = adapter.parse_request(body, fresh, &gateway.tool_blocks)?;
         (request, recollection, reused_messages) = (whole.request, whole.recollection, 0);
     };
     if transparent {
@@ -849,6 +858,7 @@ pub async fn chat(
     api: Api,
     headers: HeaderMap,
     body: &Bytes,
+    origin: Option<BodyOrigin>,
 ) -> Result<Response, GatewayError> {
     let settings = gateway.live.get();
     let ttl = response_cache_ttl(&settings);
@@ -860,7 +870,7 @@ pub async fn chat(
         gateway.metrics.response_cache_hits.inc();
         return Ok(cached_response(answer));
     }
-    let mut prepared = prepare(&gateway, api, &headers, body).await?;
+    let mut prepared = prepare(&gateway, api, &headers, body, origin).await?;
     if prepared.request.tools.is_empty() {
         prepared.cache_key = cache_key;
     }

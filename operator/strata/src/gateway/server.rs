@@ -16,6 +16,7 @@ use super::http_serve::ClientConnection;
 use super::pipeline::{Gateway, chat};
 use super::provider::adapter;
 use strata_core::session::CompactionAsk;
+use strata_core::session::message_memo::BodyOrigin;
 use strata_core::session::turn::Api;
 
 /// Requests shown by `GET /strata/v1/inspect` unless `?limit=` says otherwise.
@@ -133,7 +134,7 @@ async fn artifact(State(gateway): State<Arc<Gateway>>, Path(data_ref): Path<Stri
 async fn read_body(
     gateway: &Gateway,
     request: Request,
-) -> Result<(axum::http::HeaderMap, bytes::Bytes), GatewayError> {
+) -> Result<(axum::http::HeaderMap, bytes::Bytes, BodyOrigin), GatewayError> {
     let limit = gateway.max_body_bytes;
     let declared = request
         .headers()
@@ -151,17 +152,19 @@ async fn read_body(
     // Sized once from the declared length: growing by doubling copied a 1.4 MB body about twice
     // more, each time into freshly faulted pages. A large one goes into the buffer the last large
     // body left (see `serve_chat`).
-    let mut bytes = gateway.body_buffers.take(declared.unwrap_or(0).min(limit));
+    // It is compared with the last body as it is read, and only what differs is written.
+    let mut fill = gateway.body_buffers.take(declared.unwrap_or(0).min(limit));
     while let Some(chunk) = stream.next().await {
         let chunk =
             chunk.map_err(|error| GatewayError::BadRequest(format!("reading the request body: {error}")))?;
-        if bytes.len() + chunk.len() > limit {
+        if fill.len() + chunk.len() > limit {
             drain(stream).await;
             return Err(GatewayError::PayloadTooLarge { limit });
         }
-        bytes.extend_from_slice(&chunk);
+        fill.push(&chunk);
     }
-    Ok((headers, bytes.freeze()))
+    let (body, origin) = fill.finish();
+    Ok((headers, body, origin))
 }
 
 /// `headers` with every value copied out of the request head's buffer.
@@ -209,11 +212,11 @@ pub(super) async fn serve_chat(
     request: Request,
     client: Option<ClientConnection>,
 ) -> Response {
-    let (headers, body) = match read_body(&gateway, request).await {
+    let (headers, body, origin) = match read_body(&gateway, request).await {
         Ok(read) => read,
         Err(error) => return error.into_response_for(api),
     };
-    let work = chat(Arc::clone(&gateway), api, headers, &body);
+    let work = chat(Arc::clone(&gateway), api, headers, &body, Some(origin));
     // A client that leaves cancels its request: the work, with its upstream call, is dropped, as
     // hyper's own read would have done (see `http_serve`). Its journaled turn stays.
     let answered = match client {
@@ -224,7 +227,7 @@ pub(super) async fn serve_chat(
         },
         None => Some(work.await),
     };
-    gateway.body_buffers.give_back(body);
+    gateway.body_buffers.give_back(body, origin);
     match answered {
         Some(Ok(response)) => response,
         Some(Err(error)) => error.into_response_for(api),
@@ -401,7 +404,7 @@ async fn resume(State(gateway): State<Arc<Gateway>>, Path(id): Path<String>) -> 
     if let Err(error) = gateway.with_engine(move |engine| engine.refresh(&settings.session, true)).await {
         return error.into_response_for(pending.api);
     }
-    match chat(Arc::clone(&gateway), pending.api, pending.headers, &pending.body).await {
+    match chat(Arc::clone(&gateway), pending.api, pending.headers, &pending.body, None).await {
         Ok(response) => response,
         Err(error) => error.into_response_for(pending.api),
     }
@@ -429,7 +432,7 @@ struct CompactRequest {
 
 async fn compact(State(gateway): State<Arc<Gateway>>, request: Request) -> Response {
     let api = provider_api(&gateway);
-    let (_, body) = match read_body(&gateway, request).await {
+    let (_, body, _) = match read_body(&gateway, request).await {
         Ok(read) => read,
         Err(error) => return error.into_response_for(api),
     };
