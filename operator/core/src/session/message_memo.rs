@@ -179,6 +179,10 @@ pub struct Recollection {
     prefix: Option<Prefix>,
     /// The body's number, when its reader gave one, with that digest still open.
     numbered: Option<NumberedBody>,
+    /// How many leading turns came from the memo, hollow but for `kept_whole`.
+    hollow_turns: usize,
+    /// The one turn among those that the memo kept whole, if any.
+    kept_whole: Option<usize>,
 }
 
 /// Elements a kept vector may always hold, however little of it a request uses.
@@ -393,6 +397,8 @@ impl MessageMemo {
                 spare_places,
                 prefix,
                 numbered,
+                hollow_turns,
+                kept_whole: whole_user.filter(|&index| index < hollow_turns),
             },
         })
     }
@@ -436,9 +442,13 @@ impl Recollection {
             return MessageMemo::default();
         }
         let whole_user = turns.iter().rposition(Turn::has_user_text);
-        for (index, turn) in turns.iter_mut().enumerate() {
+        // The turns taken from the memo are hollow already, but for the one it kept whole: only
+        // that one and the new turns are emptied, not a long history's every turn again.
+        let hollow_from = self.hollow_turns.min(turns.len());
+        let earlier_whole = self.kept_whole.filter(|&index| index < hollow_from);
+        for index in earlier_whole.into_iter().chain(hollow_from..turns.len()) {
             if Some(index) != whole_user {
-                turn.content = Content::default();
+                turns[index].content = Content::default();
             }
         }
         MessageMemo {
@@ -801,6 +811,27 @@ mod tests {
         let read_edited = read(memo, edited, &mut parsed);
         assert_eq!((parsed, read_edited.hollow_turns), (3, 0), "nothing is reused");
         assert_eq!(latest_user_text(&read_edited.turns), Some("a"));
+    }
+
+    /// Once a newer user text arrives, the turn the memo kept whole is emptied: the memo holds one
+    /// whole turn, the latest user text, however many requests resent the history.
+    #[test]
+    fn the_memo_keeps_one_whole_turn_as_new_user_texts_arrive() {
+        let mut memo = MessageMemo::default();
+        let mut messages = Vec::new();
+        for round in 0..6 {
+            messages.push(format!(r#"{{"role":"user","content":"u{round}"}}"#));
+            messages.push(format!(r#"{{"role":"assistant","content":"a{round}"}}"#));
+            let body = format!(r#"{{"messages":[{}]}}"#, messages.join(","));
+            let read = read(memo, &body, &mut 0);
+            assert_eq!(read.hollow_turns, 2 * round, "round {round}");
+            let chains = chains_of(&read.turns);
+            memo = read.recollection.remember(read.turns, chains);
+            let whole: Vec<usize> = (0..memo.turns.len())
+                .filter(|&index| memo.turns[index].content != Content::default())
+                .collect();
+            assert_eq!(whole, vec![2 * round], "round {round}");
+        }
     }
 
     #[test]
