@@ -124,6 +124,22 @@ fn messages_read(metrics: &str, read: &str) -> u64 {
     metrics.lines().find_map(|line| line.strip_prefix(name.as_str())?.parse().ok()).unwrap_or(0)
 }
 
+/// Three turns after `system`, each request resending the whole history before it; checks that
+/// each reused all of the previous one's messages. Returns the three answers.
+async fn three_turns(gateway: &Harness, system: &Value) -> [Value; 3] {
+    let a1 = send(gateway, &[system.clone(), user("u1")]).await;
+    let a2 = send(gateway, &[system.clone(), user("u1"), a1.clone(), user("u2")]).await;
+    let a3 =
+        send(gateway, &[system.clone(), user("u1"), a1.clone(), user("u2"), a2.clone(), user("u3")]).await;
+    let metrics = gateway.metrics().await;
+    assert_eq!(
+        (messages_read(&metrics, "reused"), messages_read(&metrics, "parsed")),
+        (2 + 4, 2 + 2 + 2),
+        "each request reuses the whole history the previous one sent: {metrics}"
+    );
+    [a1, a2, a3]
+}
+
 /// The history a client resends is taken from the last request's memo, not parsed and hashed
 /// again; an edited message and everything after it are read afresh, and a history sent with other
 /// bytes (pretty-printed) is read whole and still recognised.
@@ -133,15 +149,7 @@ async fn a_resent_history_is_reused_byte_for_byte_and_an_edit_is_read_again() {
     fake.script(["a1", "a2", "a3", "a2 again", "a3 again"].map(|t| Reply::Text(t.into())));
     let gateway = Harness::start(&fake, Provider::OpenAI, |_| {}).await;
     let system = json!({"role": "system", "content": "Be brief."});
-    let a1 = send(&gateway, &[system.clone(), user("u1")]).await;
-    let a2 = send(&gateway, &[system.clone(), user("u1"), a1.clone(), user("u2")]).await;
-    send(&gateway, &[system.clone(), user("u1"), a1.clone(), user("u2"), a2.clone(), user("u3")]).await;
-    let metrics = gateway.metrics().await;
-    assert_eq!(
-        (messages_read(&metrics, "reused"), messages_read(&metrics, "parsed")),
-        (2 + 4, 2 + 2 + 2),
-        "each request reuses the whole history the previous one sent: {metrics}"
-    );
+    let [a1, a2, _] = three_turns(&gateway, &system).await;
 
     // The client edits u2: the messages before it are reused, the rest read, the journal forks.
     send(&gateway, &[system.clone(), user("u1"), a1.clone(), user("u2, edited")]).await;
@@ -192,16 +200,7 @@ async fn a_large_history_compared_with_the_last_body_still_finds_every_edit() {
     let gateway = Harness::start(&fake, Provider::OpenAI, |_| {}).await;
     let rules = "Answer in one line. ".repeat(1_000);
     let system = json!({"role": "system", "content": rules});
-    let a1 = send(&gateway, &[system.clone(), user("u1")]).await;
-    let a2 = send(&gateway, &[system.clone(), user("u1"), a1.clone(), user("u2")]).await;
-    let a3 =
-        send(&gateway, &[system.clone(), user("u1"), a1.clone(), user("u2"), a2.clone(), user("u3")]).await;
-    let metrics = gateway.metrics().await;
-    assert_eq!(
-        (messages_read(&metrics, "reused"), messages_read(&metrics, "parsed")),
-        (2 + 4, 2 + 2 + 2),
-        "each request reuses the whole history the previous one sent: {metrics}"
-    );
+    let [a1, a2, a3] = three_turns(&gateway, &system).await;
 
     // An edit in the middle, resent with everything after it and a new message: the messages
     // before it are reused, the rest read, and the client's conversation goes upstream.
