@@ -149,7 +149,7 @@ async fn a_resent_history_is_reused_byte_for_byte_and_an_edit_is_read_again() {
     fake.script(["a1", "a2", "a3", "a2 again", "a3 again"].map(|t| Reply::Text(t.into())));
     let gateway = Harness::start(&fake, Provider::OpenAI, |_| {}).await;
     let system = json!({"role": "system", "content": "Be brief."});
-    let [a1, a2, _] = three_turns(&gateway, &system).await;
+    let [a1, _, _] = three_turns(&gateway, &system).await;
 
     // The client edits u2: the messages before it are reused, the rest read, the journal forks.
     send(&gateway, &[system.clone(), user("u1"), a1.clone(), user("u2, edited")]).await;
