@@ -208,10 +208,11 @@ fn digest(bytes: &[u8]) -> u128 {
 }
 
 impl MessageMemo {
-    /// Says where the body the next [`Self::split`] is given came from. A caller that claims a
-    /// shared opening must have compared the bytes: the memo takes them as equal.
-    pub fn set_origin(&mut self, origin: BodyOrigin) {
-        self.origin = Some(origin);
+    /// Says where the body the next [`Self::split`] is given came from, if its reader said. A
+    /// caller that claims a shared opening must have compared the bytes: the memo takes them as
+    /// equal.
+    pub fn set_origin(&mut self, origin: Option<BodyOrigin>) {
+        self.origin = origin;
     }
 
     /// Splits `body` (on `api`) at its top level; when it opens with the same bytes as the
@@ -679,7 +680,7 @@ mod tests {
         let edited = resent.replace(r#""content":"b""#, r#""content":"B""#);
         let numbered_memo = || {
             let mut memo = MessageMemo::default();
-            memo.set_origin(BodyOrigin { id: 1, shares_opening_with: None });
+            memo.set_origin(Some(BodyOrigin { id: 1, shares_opening_with: None }));
             let read = read(memo, first, &mut 0);
             let chains = chains_of(&read.turns);
             read.recollection.remember(read.turns, chains)
@@ -690,7 +691,7 @@ mod tests {
         );
 
         let claimed = |memo: &mut MessageMemo, earlier: u64, shared: usize| {
-            memo.set_origin(BodyOrigin { id: 2, shares_opening_with: Some((earlier, shared)) });
+            memo.set_origin(Some(BodyOrigin { id: 2, shares_opening_with: Some((earlier, shared)) }));
         };
         // A true claim: resumed, with the digest a fresh read takes, and the new body numbered.
         let mut memo = numbered_memo();

@@ -47,21 +47,19 @@ struct KeptBody {
 }
 
 /// A body being read: into the kept buffer, over the earlier body's bytes, or into a new one.
+/// The buffer's length is the earlier body's until the new one grows past it: the bytes in it
+/// past `read` are the earlier body's still to be compared.
 #[derive(Debug)]
 pub struct BodyFill {
     buffer: BytesMut,
     id: u64,
     /// The number of the body the buffer held, if it held one.
     earlier: Option<u64>,
-    /// How many of the earlier body's bytes the buffer holds: bytes below this are overwritten in
-    /// place where they differ, bytes past it appended.
-    earlier_len: usize,
     /// Bytes of this body read so far.
     read: usize,
-    /// How many leading bytes of this body were found equal to the earlier one's.
+    /// How many leading bytes of this body were found equal to the earlier one's: `read`, over
+    /// the earlier body's bytes, until a difference is found.
     shared: usize,
-    /// Whether a difference was found: from there on, bytes are written without comparing.
-    diverged: bool,
 }
 
 impl BodyBuffers {
@@ -70,31 +68,17 @@ impl BodyBuffers {
     /// more room, since a client that resends its history sends a little more each time.
     pub fn take(&self, length: usize) -> BodyFill {
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
-        let fresh = |capacity| BodyFill {
-            buffer: BytesMut::with_capacity(capacity),
-            id,
-            earlier: None,
-            earlier_len: 0,
-            read: 0,
-            shared: 0,
-            diverged: false,
+        let spare = if length < KEPT_FROM_BYTES {
+            None
+        } else {
+            self.spare.lock().unwrap_or_else(PoisonError::into_inner).take()
         };
-        if length < KEPT_FROM_BYTES {
-            return fresh(length);
-        }
-        let spare = self.spare.lock().unwrap_or_else(PoisonError::into_inner).take();
-        match spare {
-            Some(KeptBody { buffer, id: earlier }) if buffer.capacity() >= length => BodyFill {
-                earlier_len: buffer.len(),
-                buffer,
-                id,
-                earlier: Some(earlier),
-                read: 0,
-                shared: 0,
-                diverged: false,
-            },
-            _ => fresh(length.saturating_add(length / 8)),
-        }
+        let (buffer, earlier) = match spare {
+            Some(KeptBody { buffer, id: earlier }) if buffer.capacity() >= length => (buffer, Some(earlier)),
+            _ if length < KEPT_FROM_BYTES => (BytesMut::with_capacity(length), None),
+            _ => (BytesMut::with_capacity(length.saturating_add(length / 8)), None),
+        };
+        BodyFill { buffer, id, earlier, read: 0, shared: 0 }
     }
 
     /// Keeps `body`'s buffer, with its bytes, for the next request, if it is large, at most
@@ -121,15 +105,15 @@ impl BodyFill {
     /// Adds the body's next `chunk`: compared with the earlier body's bytes where it falls on
     /// them, until the first difference, written from there on, and appended past their end.
     pub fn push(&mut self, chunk: &[u8]) {
-        let over_earlier = self.earlier_len.saturating_sub(self.read).min(chunk.len());
+        let over_earlier = (self.buffer.len() - self.read).min(chunk.len());
         let (over, after) = chunk.split_at(over_earlier);
         if !over.is_empty() {
             let place = &mut self.buffer[self.read..self.read + over.len()];
-            if self.diverged {
+            if self.shared < self.read {
+                // A difference was found before: written without comparing.
                 place.copy_from_slice(over);
             } else if let Some(at) = first_difference(place, over) {
                 self.shared += at;
-                self.diverged = true;
                 place[at..].copy_from_slice(&over[at..]);
             } else {
                 self.shared += over.len();

@@ -230,9 +230,7 @@ async fn prepare(
     // reads all of its messages): each memo is one request's bytes, turns and chains.
     let mut memo = if transparent { gateway.take_memo() } else { MessageMemo::default() };
     // The body's reader compared it with the last one: a resent history is not digested again.
-    if let Some(origin) = origin {
-        memo.set_origin(origin);
-    }
+    memo.set_origin(origin);
     let ParsedRequest { mut request, mut recollection, messages, mut reused_messages } =
         adapter.parse_request(body, memo, &gateway.tool_blocks)?;
     if settings.config.session_mode == SessionMode::Stateful && !has_session {
@@ -295,9 +293,7 @@ async fn prepare(
         // conversation's request, a rollback, an edit of a summarised turn): read every message
         // again, whole.
         let mut fresh = MessageMemo::default();
-        if let Some(origin) = origin {
-            fresh.set_origin(origin);
-        }
+        fresh.set_origin(origin);
         let whole = adapter.parse_request(body, fresh, &gateway.tool_blocks)?;
         (request, recollection, reused_messages) = (whole.request, whole.recollection, 0);
     };
