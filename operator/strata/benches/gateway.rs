@@ -13,6 +13,8 @@
 //! `cargo bench -p strata --bench gateway`; `STRATA_BENCH_QUICK=1` runs a shorter version, and
 //! `STRATA_BENCH_SEQUENTIAL=N` sets the sequential phases' request count (longer runs for a profiler);
 //! `STRATA_BENCH_TOOL_TOKENS=N` gives every request a synthetic tool block of about N tokens;
+//! `STRATA_BENCH_RESPONSE_CACHE_TTL=S` turns the optional response cache on with a TTL of S seconds
+//! (the bench's bodies never repeat, so it measures what keying every request costs);
 //! `STRATA_BENCH_GATEWAY=PATH` times that binary instead of the `strata-gateway` cargo built
 //! (another build of the same code, e.g. a profile-guided one, measured by the same bench; a file
 //! not named `strata-gateway` is run as `strata gateway`);
@@ -172,7 +174,9 @@ fn copy_dir(from: &Path, to: &Path) {
     }
 }
 
-fn config(fake: SocketAddr, session_mode: SessionMode) -> GatewayConfig {
+fn config(fake: SocketAddr, session_mode: SessionMode, response_cache_ttl_seconds: u32) -> GatewayConfig {
+    let mut policy = EffectivePolicy::default();
+    policy.cache.response_cache_ttl_seconds = response_cache_ttl_seconds;
     GatewayConfig {
         version: GATEWAY_CONFIG_VERSION,
         agent: AgentIdentity {
@@ -191,7 +195,7 @@ fn config(fake: SocketAddr, session_mode: SessionMode) -> GatewayConfig {
             api_key_file: None,
             timeout_seconds: 60,
         },
-        policy: EffectivePolicy::default(),
+        policy,
         stable_prefix: StablePrefixConfig {
             system_prompt: "You are a benchmark agent.".into(),
             tools: vec![],
@@ -642,6 +646,8 @@ struct Settings {
     max_rss_mib: Option<f64>,
     /// `STRATA_BENCH_SEQUENTIAL`: requests a sequential phase sends, instead of the mode's number.
     sequential_override: Option<usize>,
+    /// `STRATA_BENCH_RESPONSE_CACHE_TTL`: the response cache's TTL in seconds (off when unset).
+    response_cache_ttl_seconds: Option<u32>,
 }
 
 impl Settings {
@@ -662,6 +668,11 @@ impl Settings {
                 "STRATA_BENCH_SEQUENTIAL",
                 |count| *count > 0,
                 "the number of requests a sequential phase sends",
+            )?,
+            response_cache_ttl_seconds: setting(
+                "STRATA_BENCH_RESPONSE_CACHE_TTL",
+                |seconds| *seconds > 0,
+                "the response cache's TTL in seconds, above 0",
             )?,
         })
     }
@@ -703,7 +714,7 @@ async fn bench() -> i32 {
             return 2;
         }
     };
-    let Settings { max_ratio, max_rss_mib, sequential_override } = settings;
+    let Settings { max_ratio, max_rss_mib, sequential_override, response_cache_ttl_seconds } = settings;
     let state = Arc::new(Fake::default());
     // The gateway's backlog, not tokio's 1024: 2,048 streams connect to the fake directly too.
     let socket = tokio::net::TcpSocket::new_v4().unwrap();
@@ -718,7 +729,11 @@ async fn bench() -> i32 {
     let root = tempfile::tempdir_in(bench_root()).unwrap();
     let config_path = |mode: SessionMode| root.path().join(format!("gateway-{mode:?}.json"));
     for mode in [SessionMode::Stateful, SessionMode::Transparent] {
-        std::fs::write(config_path(mode), serde_json::to_vec(&config(fake, mode)).unwrap()).unwrap();
+        std::fs::write(
+            config_path(mode),
+            serde_json::to_vec(&config(fake, mode, response_cache_ttl_seconds.unwrap_or(0))).unwrap(),
+        )
+        .unwrap();
     }
     let gateway_program = match std::env::var_os("STRATA_BENCH_GATEWAY") {
         Some(path) => {

@@ -387,6 +387,45 @@ async fn identical_tool_less_requests_are_answered_from_the_response_cache() {
 }
 
 #[tokio::test]
+async fn a_large_history_edited_anywhere_is_not_answered_from_the_response_cache() {
+    let fake = FakeUpstream::start().await;
+    fake.script(["a1", "a2", "a3"].map(|t| Reply::Text(t.into())));
+    let gateway = Harness::start(&fake, Provider::OpenAICompatible, |config| {
+        config.policy.cache.response_cache_ttl_seconds = 60;
+    })
+    .await;
+    // About 100 KB: read into the kept body buffer, and keyed from the hash states kept of the last
+    // body where the two share their opening.
+    let rules = "Answer in one line. ".repeat(5_000);
+    let body = |rules: &str, question: &str| json!({"messages": [{"role": "system", "content": rules}, {"role": "user", "content": question}]});
+    let first = body(&rules, "What is 2 + 2?");
+    let (status, first_answer) = gateway.post_json(CHAT, &first, &[]).await;
+    assert_eq!(status, 200, "{first_answer}");
+    assert_eq!(gateway.post_json(CHAT, &first, &[]).await.1, first_answer);
+    assert_eq!(fake.seen().len(), 1, "the resent body was answered from the cache");
+
+    // One letter changed 70 KB in, the length unchanged: most of the body is the last one's.
+    let mut edited_rules = rules.clone();
+    edited_rules.replace_range(70_000..70_001, "a");
+    assert_ne!(edited_rules, rules);
+    let edited = body(&edited_rules, "What is 2 + 2?");
+    let (status, edited_answer) = gateway.post_json(CHAT, &edited, &[]).await;
+    assert_eq!(status, 200, "{edited_answer}");
+    assert_eq!(fake.seen().len(), 2, "the edited body reached the upstream");
+    assert_ne!(edited_answer, first_answer);
+    // Each is answered from the cache when resent, the one compared with the other included.
+    assert_eq!(gateway.post_json(CHAT, &edited, &[]).await.1, edited_answer);
+    assert_eq!(gateway.post_json(CHAT, &first, &[]).await.1, first_answer);
+    assert_eq!(fake.seen().len(), 2);
+
+    // A change in the last bytes.
+    let (status, _) = gateway.post_json(CHAT, &body(&rules, "What is 2 + 3?"), &[]).await;
+    assert_eq!(status, 200);
+    assert_eq!(fake.seen().len(), 3, "the new question reached the upstream");
+    assert!(gateway.metrics().await.contains("strata_gateway_response_cache_hits_total 3"));
+}
+
+#[tokio::test]
 async fn a_tool_block_sent_again_is_kept_and_a_changed_one_reaches_the_upstream() {
     let fake = FakeUpstream::start().await;
     let gateway = Harness::start(&fake, Provider::OpenAI, |_| {}).await;

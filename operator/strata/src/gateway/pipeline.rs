@@ -42,7 +42,7 @@ use super::inspect::{InspectLog, RequestRecord, RoundRecord, cache_outcome};
 use super::metrics::Metrics;
 use super::pending::PendingOperations;
 use super::provider::{ParsedRequest, ProviderAdapter, adapter, adapter_for};
-use super::response_cache::{self, CacheKey, CachedAnswer, ResponseCache};
+use super::response_cache::{CacheKey, CachedAnswer, ResponseCache};
 use super::sse::SseParser;
 use super::upstream::{Upstream, UpstreamResponse};
 
@@ -858,8 +858,10 @@ pub async fn chat(
 ) -> Result<Response, GatewayError> {
     let settings = gateway.live.get();
     let ttl = response_cache_ttl(&settings);
+    let keying_started = Instant::now();
     let cache_key = (!ttl.is_zero() && !headers.contains_key(SESSION_HEADER))
-        .then(|| response_cache::key(api, &settings.cache_key, body));
+        .then(|| gateway.responses.key(api, &settings.cache_key, body, origin));
+    let keying = keying_started.elapsed();
     if let Some(key) = &cache_key
         && let Some(answer) = gateway.responses.get(key, ttl)
     {
@@ -867,6 +869,8 @@ pub async fn chat(
         return Ok(cached_response(answer));
     }
     let mut prepared = prepare(&gateway, api, &headers, body, origin).await?;
+    // Keying the request for the response cache is the gateway's own work too.
+    prepared.overhead += keying;
     if prepared.request.tools.is_empty() {
         prepared.cache_key = cache_key;
     }

@@ -432,21 +432,24 @@ struct CompactRequest {
 
 async fn compact(State(gateway): State<Arc<Gateway>>, request: Request) -> Response {
     let api = provider_api(&gateway);
-    let (_, body, _) = match read_body(&gateway, request).await {
+    let (_, body, origin) = match read_body(&gateway, request).await {
         Ok(read) => read,
         Err(error) => return error.into_response_for(api),
     };
-    let parsed: CompactRequest = if body.is_empty() {
-        CompactRequest::default()
+    let parsed = if body.is_empty() {
+        Ok(CompactRequest::default())
     } else {
-        match serde_json::from_slice(&body) {
-            Ok(parsed) => parsed,
-            Err(error) => {
-                return GatewayError::BadRequest(format!(
-                    "compact request: {error}; send {{\"mode\": \"TaskBoundary\", \"resumeInstruction\": \"...\"}}"
-                ))
-                .into_response_for(api);
-            }
+        serde_json::from_slice::<CompactRequest>(&body)
+    };
+    // A large body was read into the kept buffer, which the next chat request wants back.
+    gateway.body_buffers.give_back(body, origin);
+    let parsed = match parsed {
+        Ok(parsed) => parsed,
+        Err(error) => {
+            return GatewayError::BadRequest(format!(
+                "compact request: {error}; send {{\"mode\": \"TaskBoundary\", \"resumeInstruction\": \"...\"}}"
+            ))
+            .into_response_for(api);
         }
     };
     let mode = match parsed.mode.as_deref().unwrap_or("TaskBoundary") {
