@@ -104,14 +104,14 @@ impl ResponseCache {
             return whole_key(api, scope, body);
         }
         let kept = self.checkpoints.lock().unwrap_or_else(PoisonError::into_inner).take();
-        let (mut states, kept_scope) = match kept {
+        let mut states = match kept {
             Some(kept) => {
                 let usable = usable_checkpoints(&kept, origin, api, scope.as_hex());
                 let mut states = kept.states;
                 states.truncate(usable);
-                (states, Some(kept.scope))
+                states
             }
-            None => (Vec::new(), None),
+            None => Vec::new(),
         };
         let resumed_at = states.len() * CHECKPOINT_BYTES;
         let mut hasher = states.last().cloned().unwrap_or_else(|| scoped_hasher(api, scope));
@@ -122,10 +122,7 @@ impl ResponseCache {
             }
         }
         if let Some(origin) = origin {
-            let scope = match kept_scope {
-                Some(kept) if kept == scope.as_hex() => kept,
-                _ => scope.as_hex().to_owned(),
-            };
+            let scope = scope.as_hex().to_owned();
             *self.checkpoints.lock().unwrap_or_else(PoisonError::into_inner) =
                 Some(Checkpoints { body: origin.id, api, scope, states });
         }
